@@ -1,0 +1,224 @@
+"""The `catsproto` command: encode, decode and inspect cache-state advertisements.
+
+Bad input ends with exit status 2 and one line on stderr that names the offset, the
+TLV and what is wrong; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from catsproto import wire
+from catsproto.examples import examples
+
+EXIT_BAD_INPUT = 2
+_HEX = set(string.hexdigits + string.whitespace)
+
+
+class UsageError(Exception):
+    """Input the command cannot use (not a codec error): reported in one line, exit 2."""
+
+
+def _read_input(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror}") from None
+
+
+def bytes_from_input(raw: bytes) -> bytes:
+    """Hex text (whitespace and a leading 0x allowed) becomes bytes; anything else is raw."""
+    text = raw.strip()
+    if text[:2].lower() == b"0x":
+        text = text[2:]
+    try:
+        decoded = text.decode("ascii")
+    except UnicodeDecodeError:
+        return raw
+    if decoded and set(decoded) <= _HEX:
+        try:
+            return bytes.fromhex(decoded)
+        except ValueError:
+            raise UsageError("input looks like hex but has an odd number of digits") from None
+    return raw
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    data = bytes_from_input(_read_input(args.file))
+    adv = wire.decode_attribute_value(data, args.type_code) if args.attribute else wire.decode(data)
+    print(json.dumps(adv.to_json(), indent=None if args.compact else 2))
+    return 0
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    raw = _read_input(args.file)
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"input is not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except UnicodeDecodeError:
+        raise UsageError("input is not UTF-8 JSON") from None
+    items = obj if isinstance(obj, list) else [obj]
+    for i, item in enumerate(items):
+        try:
+            value = wire.encode(wire.Advertisement.from_json(item))
+        except wire.CodecError as exc:
+            where = f"advertisement {i}: " if isinstance(obj, list) else ""
+            raise UsageError(f"{where}{exc}") from None
+        print((wire.encode_attribute(value, args.type_code) if args.attribute else value).hex())
+    return 0
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), line, *(fmt(r) for r in rows)])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print("catsproto codec demo: build -> encode -> decode the example advertisements\n")
+    rows = []
+    for ex in examples():
+        adv = ex.advertisement
+        value = wire.encode(adv)
+        attr = wire.encode_attribute(value)
+        back = wire.decode_attribute_value(attr)
+        same = back == adv and wire.encode(back) == value
+        tiers = adv.cache_summaries.entries if adv.cache_summaries else ()
+        rows.append(
+            [
+                ex.name,
+                str(len(adv.tlvs)),
+                str(len(value)),
+                attr[: 4 if attr[0] & wire.FLAG_EXTENDED_LENGTH else 3].hex(" "),
+                f"cs {adv.origin.cs_id} {adv.origin.address}",
+                f"{adv.sequence.epoch}/{adv.sequence.sequence}",
+                ",".join(f"{e.tier.name.lower()}:{e.kind.name.lower()}" for e in tiers) or "-",
+                "exact" if same else "MISMATCH",
+            ]
+        )
+    print(
+        _table(
+            rows,
+            [
+                "example",
+                "TLVs",
+                "bytes",
+                "attr hdr",
+                "origin",
+                "epoch/seq",
+                "summaries",
+                "round trip",
+            ],
+        )
+    )
+    sample = examples()[1].advertisement
+    print(f"\n{examples()[1].name} as JSON (`catsproto decode` prints this):")
+    print(json.dumps(sample.to_json(), indent=1))
+    corrupt = bytearray(wire.encode(sample))
+    corrupt[60] ^= 0xFF
+    try:
+        wire.decode(bytes(corrupt))
+        print("\nflipping byte 60 went unnoticed")
+    except wire.CodecError as exc:
+        print(f"\nflip byte 60 and decode refuses: {exc}")
+    ok = all(r[-1] == "exact" for r in rows)
+    return 0 if ok else 1
+
+
+def cmd_vectors(args: argparse.Namespace) -> int:
+    from catsproto.vectors import wire_vectors
+
+    text = json.dumps(wire_vectors(), indent=2) + "\n"
+    path = Path(args.path)
+    if args.check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{path} is out of date: run `catsproto vectors {path}`", file=sys.stderr)
+            return 1
+        print(f"{path} matches the code")
+        return 0
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="catsproto",
+        description="KV-cache-aware CATS: cache-state advertisements in a BGP path attribute.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "decode",
+        help="attribute bytes (hex or raw) -> JSON",
+        description="Decode an advertisement from hex text or raw bytes and print its JSON.",
+    )
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument(
+        "--attribute",
+        action="store_true",
+        help="input is the whole path attribute (flags, type, length, value), not only its value",
+    )
+    p.add_argument(
+        "--type-code",
+        type=int,
+        default=wire.DEFAULT_ATTRIBUTE_TYPE,
+        help="path attribute type code (default 255)",
+    )
+    p.add_argument("--compact", action="store_true", help="one-line JSON")
+    p.set_defaults(func=cmd_decode)
+
+    p = sub.add_parser(
+        "encode",
+        help="JSON -> hex of the attribute value",
+        description="Encode advertisement JSON (an object, or a list of them) to hex, "
+        "one line each.",
+    )
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument(
+        "--attribute",
+        action="store_true",
+        help="print the whole path attribute (flags, type, length, value)",
+    )
+    p.add_argument(
+        "--type-code",
+        type=int,
+        default=wire.DEFAULT_ATTRIBUTE_TYPE,
+        help="path attribute type code (default 255)",
+    )
+    p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser("demo", help="the end-to-end demo (so far: the codec at work)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("vectors", help="write (or --check) the codec's test vector file")
+    p.add_argument("path", nargs="?", default="tests/vectors/wire.json")
+    p.add_argument("--check", action="store_true", help="fail if the file differs from the code")
+    p.set_defaults(func=cmd_vectors)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (wire.CodecError, UsageError) as exc:
+        print(f"catsproto {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Sans-IO codec for cache-state advertisements carried in a BGP path attribute.
+
+Stable API::
+
+    encode(adv: Advertisement) -> bytes        # attribute value, canonical TLVs
+    decode(data: bytes) -> Advertisement       # raises CodecError and nothing else
+    encode_attribute(value) / decode_attribute(data)   # the path-attribute framing
+
+Pure standard library: no sockets, clocks or randomness.
+"""
+
+from catsproto.wire.advertisement import Advertisement, decode, decode_from, encode
+from catsproto.wire.attribute import (
+    FLAG_EXTENDED_LENGTH,
+    FLAG_OPTIONAL,
+    FLAG_PARTIAL,
+    FLAG_TRANSITIVE,
+    PathAttribute,
+    decode_attribute,
+    encode_attribute,
+)
+from catsproto.wire.buffer import Reader, Writer
+from catsproto.wire.codes import (
+    DEFAULT_ATTRIBUTE_TYPE,
+    FORMAT_VERSION,
+    L0_METRIC_NAMES,
+    KeyScheme,
+    MetricCategory,
+    SignatureAlgorithm,
+    Source,
+    Statistic,
+    SummaryKind,
+    Tier,
+    TLVType,
+    Unit,
+    tlv_name,
+)
+from catsproto.wire.errors import (
+    BadLengthError,
+    BadValueError,
+    CodecError,
+    NonCanonicalError,
+    TruncatedError,
+)
+from catsproto.wire.tlv import TLV, ErrorAction, Registry, UnknownTLV
+from catsproto.wire.tlvs import (
+    DEFAULT_REGISTRY,
+    CacheModel,
+    CacheSummaries,
+    Capacity,
+    HotPrefix,
+    HotPrefixes,
+    L0Metric,
+    L1Score,
+    MetricsL0,
+    MetricsL1,
+    MetricsL2,
+    Origin,
+    Sequence,
+    Signature,
+    SummaryEntry,
+    Timestamp,
+    Version,
+)
+
+
+def error_action(exc: CodecError, registry: Registry = DEFAULT_REGISTRY) -> ErrorAction:
+    """RFC 7606 action for an attribute that failed with `exc`: the failing TLV's own,
+    and treat-as-withdraw when the framing itself is broken."""
+    cls = registry.by_type.get(exc.tlv_type) if exc.tlv_type is not None else None
+    return cls.ON_ERROR if cls is not None else ErrorAction.TREAT_AS_WITHDRAW
+
+
+def decode_attribute_value(
+    data: bytes, type_code: int = DEFAULT_ATTRIBUTE_TYPE, registry: Registry = DEFAULT_REGISTRY
+) -> Advertisement:
+    """Decode a whole path attribute; error offsets count from its flags byte."""
+    attr = decode_attribute(data, type_code)
+    r = Reader(bytes(data), attr.value_offset, attr.value_offset + len(attr.value))
+    return decode_from(r, registry)
+
+
+__all__ = [name for name in dir() if not name.startswith("_")]

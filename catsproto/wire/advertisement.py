@@ -1,0 +1,224 @@
+"""An advertisement: one origin's TLVs in canonical order, and its lossless JSON form.
+
+Strategy: the advertisement *is* its canonical TLV sequence. Building one sorts nothing
+behind the caller's back except in `build` and `from_json`, where order carries no
+meaning; decoding refuses any type that is not strictly above the previous one, so two
+byte strings never decode to the same advertisement and `encode(decode(b)) == b`.
+The signature therefore covers exactly the bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+from catsproto.wire.buffer import Reader, Writer
+from catsproto.wire.codes import tlv_name
+from catsproto.wire.errors import BadValueError, CodecError, NonCanonicalError
+from catsproto.wire.fields import JSON
+from catsproto.wire.tlv import TLV, AnyTLV, Registry, UnknownTLV
+from catsproto.wire.tlvs import (
+    DEFAULT_REGISTRY,
+    MANDATORY,
+    CacheModel,
+    CacheSummaries,
+    Capacity,
+    HotPrefixes,
+    MetricsL0,
+    MetricsL1,
+    MetricsL2,
+    Origin,
+    Sequence,
+    Signature,
+    Timestamp,
+)
+
+T = TypeVar("T", bound=TLV)
+MAX_VALUE_LEN = 0xFFFF  # an extended-length path attribute carries at most this much
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Advertisement:
+    """One origin's bundle of TLVs for one CS-ID at one (epoch, sequence)."""
+
+    tlvs: tuple[AnyTLV, ...]
+
+    def __post_init__(self) -> None:
+        for i in range(1, len(self.tlvs)):
+            if self.tlvs[i - 1].type >= self.tlvs[i].type:
+                raise NonCanonicalError(
+                    f"{tlv_name(self.tlvs[i].type)} TLV after {tlv_name(self.tlvs[i - 1].type)}"
+                    ": types must be strictly increasing",
+                    tlv_type=self.tlvs[i].type,
+                )
+        present = {t.type for t in self.tlvs}
+        for cls in MANDATORY:
+            if cls.TYPE not in present:
+                raise BadValueError(f"mandatory {cls.NAME} TLV is missing")
+
+    @classmethod
+    def build(cls, *tlvs: AnyTLV) -> Advertisement:
+        """Put `tlvs` in canonical order (a repeated type is still refused)."""
+        return cls(tuple(sorted(tlvs, key=lambda t: t.type)))
+
+    def get(self, cls: type[T]) -> T | None:
+        for t in self.tlvs:
+            if type(t) is cls:
+                return t
+        return None
+
+    def replace(self, *tlvs: AnyTLV) -> Advertisement:
+        """A copy with `tlvs` added, each replacing any TLV of its type."""
+        types = {t.type for t in tlvs}
+        return Advertisement.build(*(t for t in self.tlvs if t.type not in types), *tlvs)
+
+    def without(self, tlv_type: int) -> Advertisement:
+        return Advertisement(tuple(t for t in self.tlvs if t.type != tlv_type))
+
+    @property
+    def origin(self) -> Origin:
+        return self.get(Origin)  # type: ignore[return-value]  # mandatory
+
+    @property
+    def sequence(self) -> Sequence:
+        return self.get(Sequence)  # type: ignore[return-value]  # mandatory
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self.get(Timestamp).ms  # type: ignore[union-attr]  # mandatory
+
+    @property
+    def metrics_l0(self) -> MetricsL0 | None:
+        return self.get(MetricsL0)
+
+    @property
+    def metrics_l1(self) -> MetricsL1 | None:
+        return self.get(MetricsL1)
+
+    @property
+    def metrics_l2(self) -> MetricsL2 | None:
+        return self.get(MetricsL2)
+
+    @property
+    def cache_model(self) -> CacheModel | None:
+        return self.get(CacheModel)
+
+    @property
+    def cache_summaries(self) -> CacheSummaries | None:
+        return self.get(CacheSummaries)
+
+    @property
+    def capacity(self) -> Capacity | None:
+        return self.get(Capacity)
+
+    @property
+    def hot_prefixes(self) -> HotPrefixes | None:
+        return self.get(HotPrefixes)
+
+    @property
+    def signature(self) -> Signature | None:
+        return self.get(Signature)
+
+    @property
+    def unknown(self) -> tuple[UnknownTLV, ...]:
+        return tuple(t for t in self.tlvs if isinstance(t, UnknownTLV))
+
+    # ---- JSON ------------------------------------------------------------------------
+
+    def to_json(self) -> JSON:
+        """A dict keyed by TLV name, in type order; one-field TLVs show just that field."""
+        out: dict[str, JSON] = {}
+        unknown = []
+        for t in self.tlvs:
+            if isinstance(t, UnknownTLV):
+                unknown.append(t.to_json())
+                continue
+            body = t.to_json()
+            out[t.NAME] = next(iter(body.values())) if len(body) == 1 else body
+        if unknown:
+            out["unknown"] = unknown
+        return out
+
+    @classmethod
+    def from_json(cls, obj: JSON, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
+        if not isinstance(obj, dict):
+            raise BadValueError("an advertisement must be a JSON object")
+        tlvs: list[AnyTLV] = []
+        for name, value in obj.items():
+            if name == "unknown":
+                tlvs.extend(_unknown_from_json(value, registry))
+                continue
+            tlv_cls = registry.by_name.get(name)
+            if tlv_cls is None:
+                raise BadValueError(
+                    f"no TLV named {name!r} (known: {', '.join(registry.by_name)}, unknown)"
+                )
+            fields = [n for n, _ in tlv_cls._LAYOUT]
+            try:
+                if len(fields) == 1:
+                    tlvs.append(tlv_cls.from_json({fields[0]: value}, name))
+                else:
+                    tlvs.append(tlv_cls.from_json(value, name))
+            except CodecError as exc:
+                raise exc.located(None, tlv_cls.TYPE) from None
+        return cls.build(*tlvs)
+
+
+def _unknown_from_json(value: JSON, registry: Registry) -> list[UnknownTLV]:
+    if not isinstance(value, list):
+        raise BadValueError("unknown must be a list of {type, value}")
+    out = []
+    for i, item in enumerate(value):
+        if not (isinstance(item, dict) and set(item) == {"type", "value"}):
+            raise BadValueError(f"unknown[{i}] must be an object with type and value")
+        if item["type"] in registry.by_type:
+            raise BadValueError(
+                f"unknown[{i}] has type {item['type']}, which is the known "
+                f"{tlv_name(item['type'])} TLV"
+            )
+        try:
+            raw = bytes.fromhex(item["value"])
+        except (TypeError, ValueError):
+            raise BadValueError(f"unknown[{i}].value must be a hex string") from None
+        out.append(UnknownTLV(item["type"], raw))
+    return out
+
+
+def encode(adv: Advertisement) -> bytes:
+    """The attribute value: the TLVs of `adv`, in canonical order."""
+    w = Writer()
+    for t in adv.tlvs:
+        t.encode_tlv(w)
+    if len(w) > MAX_VALUE_LEN:
+        raise CodecError(f"advertisement of {len(w)} bytes exceeds {MAX_VALUE_LEN}")
+    return w.getvalue()
+
+
+def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
+    """Decode the TLVs filling the window of `r` (offsets stay those of `r`'s buffer)."""
+    start = r.offset
+    tlvs: list[AnyTLV] = []
+    previous = -1
+    while r.remaining:
+        at = r.offset
+        tlv = registry.decode_tlv(r)
+        if tlv.type <= previous:
+            rule = "repeats" if tlv.type == previous else "comes after"
+            raise NonCanonicalError(
+                f"type {tlv.type} {rule} {tlv_name(previous)}: types must be strictly increasing",
+                at,
+                tlv.type,
+            )
+        previous = tlv.type
+        tlvs.append(tlv)
+    try:
+        return Advertisement(tuple(tlvs))
+    except CodecError as exc:
+        raise exc.located(start, None) from None
+
+
+def decode(data: bytes, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
+    """Decode an attribute value; raises CodecError (and nothing else) on bad input."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"decode needs bytes, not {type(data).__name__}")
+    return decode_from(Reader(bytes(data)), registry)

@@ -1,0 +1,117 @@
+"""TLV framing, the type registry and the RFC 7606 action each TLV type declares.
+
+```
+ 0                   1                   2                   3
+ 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
++-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+|            Type (16)          |          Length (16)          |
++-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+|                    Value (Length octets) ...                  |
++-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+```
+
+Types and lengths are 16 bits (the attribute itself is at most 65535 bytes long, RFC
+4271 extended length). A registry maps each type code to one record class; a type not
+in the registry decodes to `UnknownTLV` and is re-emitted byte for byte, so a selector
+that knows fewer TLVs than the origin still verifies the origin's signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import ClassVar
+
+from catsproto.wire.buffer import Reader, Writer
+from catsproto.wire.errors import BadValueError
+from catsproto.wire.fields import JSON, Record
+
+TLV_HEADER_LEN = 4
+
+
+class ErrorAction(enum.Enum):
+    """What a receiver does with an attribute whose TLV of this type is malformed
+    (RFC 7606 section 2 vocabulary; never a session reset)."""
+
+    TREAT_AS_WITHDRAW = "treat-as-withdraw"
+    ATTRIBUTE_DISCARD = "attribute-discard"
+
+
+class TLV(Record):
+    """A record that is also a top-level TLV of the advertisement."""
+
+    __slots__ = ()
+    TYPE: ClassVar[int]
+    NAME: ClassVar[str]
+    ON_ERROR: ClassVar[ErrorAction] = ErrorAction.TREAT_AS_WITHDRAW
+
+    @property
+    def type(self) -> int:
+        return self.TYPE
+
+    def encode_tlv(self, w: Writer) -> None:
+        w.u16(self.TYPE)
+        with w.length_prefixed(2, f"{self.NAME} TLV"):
+            self.encode_into(w)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnknownTLV:
+    """A TLV of a type this registry does not know: kept whole, re-emitted unchanged."""
+
+    type: int
+    value: bytes
+
+    NAME: ClassVar[str] = "unknown"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.type, int) and 0 <= self.type <= 0xFFFF):
+            raise BadValueError(f"unknown TLV type {self.type!r} outside 0..65535")
+        if not isinstance(self.value, bytes) or len(self.value) > 0xFFFF:
+            raise BadValueError("unknown TLV value must be bytes of at most 65535")
+
+    def encode_tlv(self, w: Writer) -> None:
+        w.u16(self.type)
+        w.u16(len(self.value))
+        w.bytes(self.value)
+
+    def to_json(self) -> JSON:
+        return {"type": self.type, "value": self.value.hex()}
+
+
+AnyTLV = TLV | UnknownTLV
+
+
+class Registry:
+    """Type code → TLV class. Immutable once built; `extended` returns a new one."""
+
+    def __init__(self, classes: Iterable[type[TLV]] = ()):
+        by_type: dict[int, type[TLV]] = {}
+        by_name: dict[str, type[TLV]] = {}
+        for cls in classes:
+            if cls.TYPE in by_type:
+                raise ValueError(
+                    f"TLV type {cls.TYPE} registered twice: "
+                    f"{by_type[cls.TYPE].__name__} and {cls.__name__}"
+                )
+            if cls.NAME in by_name or cls.NAME == UnknownTLV.NAME:
+                raise ValueError(f"TLV name {cls.NAME!r} registered twice")
+            by_type[cls.TYPE] = cls
+            by_name[cls.NAME] = cls
+        self.by_type: Mapping[int, type[TLV]] = MappingProxyType(by_type)
+        self.by_name: Mapping[str, type[TLV]] = MappingProxyType(by_name)
+
+    def extended(self, *classes: type[TLV]) -> Registry:
+        return Registry([*self.by_type.values(), *classes])
+
+    def decode_tlv(self, r: Reader) -> AnyTLV:
+        """Read one TLV (header and value) from `r`."""
+        tlv_type = r.u16("TLV type")
+        length = r.u16("TLV length")
+        cls = self.by_type.get(tlv_type)
+        with r.restrict_to(length, "TLV value", tlv_type) as inner:
+            if cls is None:
+                return UnknownTLV(tlv_type, inner.rest())
+            return cls.decode_from(inner)
