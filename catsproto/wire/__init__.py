@@ -42,6 +42,7 @@ from catsproto.wire.errors import (
     NonCanonicalError,
     TruncatedError,
 )
+from catsproto.wire.fields import Blob, Record, record
 from catsproto.wire.tlv import TLV, ErrorAction, Registry, UnknownTLV
 from catsproto.wire.tlvs import (
     DEFAULT_REGISTRY,
@@ -61,6 +62,7 @@ from catsproto.wire.tlvs import (
     SummaryEntry,
     Timestamp,
     Version,
+    define_tlv,
 )
 
 

@@ -44,26 +44,29 @@ from catsproto.wire.tlv import TLV, ErrorAction, Registry
 U64_MAX = (1 << 64) - 1
 
 
-def _tlv(code: TLVType, on_error: ErrorAction = ErrorAction.TREAT_AS_WITHDRAW):
-    """Give a TLV class its type code, name and RFC 7606 action, then lay it out."""
+def define_tlv(
+    code: int, name: str | None = None, on_error: ErrorAction = ErrorAction.TREAT_AS_WITHDRAW
+):
+    """Class decorator: give a TLV class its type code, name and RFC 7606 action, then
+    fix its wire layout from its annotations."""
 
     def wrap(cls: type[TLV]) -> type[TLV]:
         cls.TYPE = int(code)
-        cls.NAME = tlv_name(code)
+        cls.NAME = name or tlv_name(code)
         cls.ON_ERROR = on_error
         return record(cls)
 
     return wrap
 
 
-@_tlv(TLVType.VERSION)
+@define_tlv(TLVType.VERSION)
 class Version(TLV):
     """Format version of the whole attribute; this code speaks version 1 only."""
 
     version: Annotated[int, UInt(1, FORMAT_VERSION, FORMAT_VERSION)]
 
 
-@_tlv(TLVType.ORIGIN)
+@define_tlv(TLVType.ORIGIN)
 class Origin(TLV):
     """Who speaks: the service (CS-ID), the instance (CSCI-ID address) and its site.
 
@@ -76,7 +79,7 @@ class Origin(TLV):
     address: Annotated[IPAddress, Address()]
 
 
-@_tlv(TLVType.SEQUENCE)
+@define_tlv(TLVType.SEQUENCE)
 class Sequence(TLV):
     """Freshness: (epoch, sequence) only ever increases for one origin.
 
@@ -88,7 +91,7 @@ class Sequence(TLV):
     sequence: Annotated[int, U64]
 
 
-@_tlv(TLVType.TIMESTAMP)
+@define_tlv(TLVType.TIMESTAMP)
 class Timestamp(TLV):
     """When the origin built the advertisement: milliseconds since 1970-01-01 UTC (u64)."""
 
@@ -113,7 +116,7 @@ class L0Metric(Record):
         return (self.metric_type, self.statistic, self.source)
 
 
-@_tlv(TLVType.METRICS_L0, ErrorAction.ATTRIBUTE_DISCARD)
+@define_tlv(TLVType.METRICS_L0, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class MetricsL0(TLV):
     """Raw metrics; strictly increasing by (metric type, statistic, source). 13 bytes each."""
 
@@ -131,7 +134,7 @@ class L1Score(Record):
     score: Annotated[int, UInt(1, 0, 10)]
 
 
-@_tlv(TLVType.METRICS_L1, ErrorAction.ATTRIBUTE_DISCARD)
+@define_tlv(TLVType.METRICS_L1, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class MetricsL1(TLV):
     """Normalised scores, strictly increasing by category, 2 bytes each."""
 
@@ -141,14 +144,14 @@ class MetricsL1(TLV):
         strictly_increasing(self.scores, lambda s: s.category, "scores")
 
 
-@_tlv(TLVType.METRICS_L2, ErrorAction.ATTRIBUTE_DISCARD)
+@define_tlv(TLVType.METRICS_L2, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class MetricsL2(TLV):
     """One fully normalised score for the instance, 0 (worst) to 10 (best)."""
 
     score: Annotated[int, UInt(1, 0, 10)]
 
 
-@_tlv(TLVType.CACHE_MODEL)
+@define_tlv(TLVType.CACHE_MODEL)
 class CacheModel(TLV):
     """What the block keys mean: model, block size and how keys were derived.
 
@@ -200,7 +203,7 @@ class SummaryEntry(Record):
             )
 
 
-@_tlv(TLVType.CACHE_SUMMARIES)
+@define_tlv(TLVType.CACHE_SUMMARIES)
 class CacheSummaries(TLV):
     """One summary entry per tier, strictly increasing by tier, each behind a u16 length."""
 
@@ -210,7 +213,7 @@ class CacheSummaries(TLV):
         strictly_increasing(self.entries, lambda e: e.tier, "entries")
 
 
-@_tlv(TLVType.CAPACITY, ErrorAction.ATTRIBUTE_DISCARD)
+@define_tlv(TLVType.CAPACITY, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class Capacity(TLV):
     """KV capacity in blocks over all tiers: free <= total (u64 each)."""
 
@@ -232,7 +235,7 @@ class HotPrefix(Record):
     depth: Annotated[int, UInt(4, 1)]
 
 
-@_tlv(TLVType.HOT_PREFIXES, ErrorAction.ATTRIBUTE_DISCARD)
+@define_tlv(TLVType.HOT_PREFIXES, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class HotPrefixes(TLV):
     """Explicit hot prefixes, strictly increasing by block key, 12 bytes each."""
 
@@ -245,7 +248,7 @@ class HotPrefixes(TLV):
 ED25519_SIGNATURE_LEN = 64
 
 
-@_tlv(TLVType.SIGNATURE)
+@define_tlv(TLVType.SIGNATURE)
 class Signature(TLV):
     """Signature over the rest of the advertisement (rules in `catsproto.security`).
 

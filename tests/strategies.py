@@ -1,0 +1,125 @@
+"""Hypothesis strategies for every TLV and for whole advertisements."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from hypothesis import strategies as st
+
+from catsproto import wire
+
+U8 = st.integers(0, 0xFF)
+U16 = st.integers(0, 0xFFFF)
+U32 = st.integers(0, 0xFFFFFFFF)
+U64 = st.integers(0, (1 << 64) - 1)
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def sorted_unique(items, key, max_size=8):
+    return st.lists(items, min_size=1, max_size=max_size, unique_by=key).map(
+        lambda xs: tuple(sorted(xs, key=key))
+    )
+
+
+addresses = st.one_of(
+    st.builds(ipaddress.IPv4Address, U32),
+    st.builds(ipaddress.IPv6Address, st.integers(0, (1 << 128) - 1)),
+)
+origins = st.builds(wire.Origin, st.integers(1, 0xFFFFFFFF), U32, addresses)
+sequences = st.builds(wire.Sequence, U32, U64)
+timestamps = st.builds(wire.Timestamp, U64)
+l0 = st.builds(
+    wire.L0Metric,
+    U16,
+    st.sampled_from(wire.Unit),
+    st.sampled_from(wire.Statistic),
+    st.sampled_from(wire.Source),
+    FINITE,
+)
+metrics_l0 = st.builds(wire.MetricsL0, sorted_unique(l0, wire.L0Metric.key))
+metrics_l1 = st.builds(
+    wire.MetricsL1,
+    sorted_unique(
+        st.builds(wire.L1Score, st.sampled_from(wire.MetricCategory), st.integers(0, 10)),
+        lambda s: s.category,
+    ),
+)
+metrics_l2 = st.builds(wire.MetricsL2, st.integers(0, 10))
+cache_models = st.builds(
+    wire.CacheModel,
+    st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 255),
+    st.integers(1, 0xFFFFFFFF),
+    st.sampled_from(wire.KeyScheme),
+    U32,
+)
+
+
+@st.composite
+def summary_entries(draw):
+    lo, hi = sorted((draw(U64), draw(U64)))
+    version = draw(st.integers(1, 0xFFFFFFFF))
+    return wire.SummaryEntry(
+        tier=draw(st.sampled_from(wire.Tier)),
+        kind=draw(st.sampled_from(wire.SummaryKind)),
+        version=version,
+        base_version=draw(st.one_of(st.just(0), st.integers(0, version - 1))),
+        key_lo=lo,
+        key_hi=hi,
+        entry_count=draw(U32),
+        bytes_per_block=draw(U32),
+        fetch_latency_us=draw(U32),
+        fetch_bandwidth_mbps=draw(U32),
+        params=draw(st.binary(max_size=24)),
+        body=draw(st.binary(max_size=300)),
+    )
+
+
+cache_summaries = st.builds(
+    wire.CacheSummaries, sorted_unique(summary_entries(), lambda e: e.tier, max_size=4)
+)
+
+
+@st.composite
+def capacities(draw):
+    total = draw(U64)
+    return wire.Capacity(draw(st.integers(0, total)), total)
+
+
+hot_prefixes = st.builds(
+    wire.HotPrefixes,
+    sorted_unique(
+        st.builds(wire.HotPrefix, U64, st.integers(1, 0xFFFFFFFF)), lambda p: p.block_key
+    ),
+)
+signatures = st.builds(
+    wire.Signature,
+    st.just(wire.SignatureAlgorithm.ED25519),
+    st.binary(min_size=1, max_size=32),
+    st.binary(min_size=64, max_size=64),
+)
+unknown_tlvs = st.builds(
+    wire.UnknownTLV,
+    st.integers(0, 0xFFFF).filter(lambda t: t not in wire.DEFAULT_REGISTRY.by_type),
+    st.binary(max_size=40),
+)
+
+OPTIONAL = [
+    metrics_l0,
+    metrics_l1,
+    metrics_l2,
+    cache_models,
+    cache_summaries,
+    capacities(),
+    hot_prefixes,
+    signatures,
+]
+
+
+@st.composite
+def advertisements(draw):
+    tlvs = [wire.Version(1), draw(origins), draw(sequences), draw(timestamps)]
+    for strategy in OPTIONAL:
+        if draw(st.booleans()):
+            tlvs.append(draw(strategy))
+    tlvs.extend(draw(st.lists(unknown_tlvs, max_size=3, unique_by=lambda t: t.type)))
+    return wire.Advertisement.build(*tlvs)
