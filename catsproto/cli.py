@@ -125,13 +125,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sample = examples()[1].advertisement
     print(f"\n{examples()[1].name} as JSON (`catsproto decode` prints this):")
     print(json.dumps(sample.to_json(), indent=1))
-    corrupt = bytearray(wire.encode(sample))
-    corrupt[60] ^= 0xFF
+    value = wire.encode(sample)
+    flipped = bytearray(value)
+    flipped[-1] ^= 0x01  # the last byte of the L2 score
+    changed = wire.decode(bytes(flipped)) != sample
+    print(
+        f"\nflip one value bit: still decodes ({'a different' if changed else 'the same'} score)"
+        " -- only a signature can catch that"
+    )
+    bad_length = bytearray(value)
+    at = len(wire.encode(wire.Advertisement(sample.tlvs[:4]))) + 3  # metrics-l0 length
+    bad_length[at] += 1  # one byte too long
     try:
-        wire.decode(bytes(corrupt))
-        print("\nflipping byte 60 went unnoticed")
+        wire.decode(bytes(bad_length))
     except wire.CodecError as exc:
-        print(f"\nflip byte 60 and decode refuses: {exc}")
+        print(f"break a length field: decode refuses: {exc}")
     ok = all(r[-1] == "exact" for r in rows)
     return 0 if ok else 1
 
