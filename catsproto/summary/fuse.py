@@ -18,10 +18,11 @@ The alphabet is sized for 95 % of the target rate (``DESIGN_MARGIN``) so that a
 measurement over a million non-members (sigma ~0.01 % at 1 %) does not straddle the target.
 
 Construction peels the 4-uniform hypergraph in *rounds*: every slot of degree one frees
-its single key (found as the XOR of the key indices in that slot); all keys freed in a
+its single key (found as the sum of the indices of the keys left in that slot); all keys freed in a
 round are independent, so a round is a handful of numpy calls, and values are assigned
 round by round in reverse. If peeling stalls, the next seed is tried, and after three
-(eight for small sets) failures at one size the table grows by a segment (or 0.5 %); the seed and geometry that worked go into the params.
+(eight for small sets) failures at one size the table grows by a segment (or 0.5 %);
+the seed and geometry that worked go into the params.
 
 params (20 bytes, big-endian)::
 
@@ -65,7 +66,7 @@ _MAX_ATTEMPTS = 200
 
 def int_root_floor(value: int, g: int) -> int:
     """Largest m with m^g <= value."""
-    m = int(round(value ** (1.0 / g)))
+    m = round(value ** (1.0 / g))
     while m**g > value:
         m -= 1
     while (m + 1) ** g <= value:
