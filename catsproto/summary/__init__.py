@@ -16,19 +16,50 @@ from catsproto.summary.base import (
     registered_kinds,
 )
 from catsproto.summary.bloom import BloomSummary
+from catsproto.summary.delta import DeltaSummary, LayeredView, apply_delta
 from catsproto.summary.exact import ExactSummary
 from catsproto.summary.fuse import FuseSummary
+from catsproto.summary.shard import (
+    ENTRY_OVERHEAD,
+    Shard,
+    ShardedSender,
+    ShardUpdate,
+    attribute_value_budget,
+    build_shards,
+    entry_budget,
+    shard_of,
+    shard_prefix,
+    shard_range,
+)
+from catsproto.summary.versioning import Outcome, SummaryReceiver, SummarySender, SummaryUpdate
 
 __all__ = [
+    "ENTRY_OVERHEAD",
     "KIND_BLOOM",
     "KIND_DELTA",
     "KIND_EXACT",
     "KIND_FUSE",
     "BloomSummary",
+    "DeltaSummary",
     "ExactSummary",
     "FuseSummary",
+    "LayeredView",
+    "Outcome",
+    "Shard",
+    "ShardUpdate",
+    "ShardedSender",
     "Summary",
     "SummaryDecodeError",
+    "SummaryReceiver",
+    "SummarySender",
+    "SummaryUpdate",
+    "apply_delta",
+    "attribute_value_budget",
+    "build_shards",
+    "entry_budget",
     "register_kind",
     "registered_kinds",
+    "shard_of",
+    "shard_prefix",
+    "shard_range",
 ]

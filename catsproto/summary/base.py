@@ -84,21 +84,29 @@ class Summary(ABC):
         if not 0 <= seed <= U64_MAX:
             raise ValueError(f"seed {seed} is not a u64")
         ukeys = unique_keys(keys)
-        if kind is not None:
-            cls = kind_class(kind)
-            if not cls.buildable:
-                raise ValueError(f"summary kind {kind} cannot be built from a key set")
-            return cls.from_keys(ukeys, target_fpr, seed)
-        best: tuple[int, int] | None = None
+        if kind is None:
+            kind = Summary.smallest_kind(ukeys, target_fpr)
+        cls = kind_class(kind)
+        if not cls.buildable:
+            raise ValueError(f"summary kind {kind} cannot be built from a key set")
+        return cls.from_keys(ukeys, target_fpr, seed)
+
+    @staticmethod
+    def estimates(keys: np.ndarray, target_fpr: float) -> dict[int, int]:
+        """Expected params+body bytes of every buildable kind that meets the target."""
+        out: dict[int, int] = {}
         for code in sorted(_KINDS):
             cls = _KINDS[code]
-            if not cls.buildable:
-                continue
-            size = cls.estimate_size(ukeys, target_fpr)
-            if size is not None and (best is None or size < best[0]):
-                best = (size, code)
-        assert best is not None  # the exact kind always qualifies
-        return _KINDS[best[1]].from_keys(ukeys, target_fpr, seed)
+            size = cls.estimate_size(keys, target_fpr) if cls.buildable else None
+            if size is not None:
+                out[code] = size
+        return out
+
+    @staticmethod
+    def smallest_kind(keys: np.ndarray, target_fpr: float) -> int:
+        """The kind `build` picks: fewest expected bytes, ties to the lower code."""
+        sizes = Summary.estimates(keys, target_fpr)
+        return min(sizes, key=lambda code: (sizes[code], code))
 
     buildable: ClassVar[bool] = True
 

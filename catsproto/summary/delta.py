@@ -1,0 +1,152 @@
+"""Kind 4, delta: the keys added and removed since a base version, and applying it.
+
+params: empty. body: the added keys, then the removed keys, each a Rice-coded set
+(`riceset`, self-delimiting), nothing after them; a key in both sets is refused (a
+delta has one canonical form). The base version is not in the body: it is the entry's
+``base_version`` field.
+
+Applying a delta to an exact set gives an exact set again (so in-order deltas equal a
+fresh snapshot byte for byte). An approximate base cannot forget keys, so applying a
+delta to a Bloom or fuse filter gives a `LayeredView`: member iff added, or in the base
+filter and not removed. Removed keys are listed exactly, so a view never answers "no"
+for a key the sender holds; its false-positive rate stays that of the base filter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catsproto.summary.base import (
+    KIND_DELTA,
+    Summary,
+    SummaryDecodeError,
+    register_kind,
+    unique_keys,
+)
+from catsproto.summary.exact import ExactSummary
+from catsproto.summary.riceset import decode_rice_set, encode_rice_set, rice_set_size
+
+
+def _isin_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    pos = np.searchsorted(sorted_keys, keys)
+    pos[pos == sorted_keys.size] = 0
+    return sorted_keys[pos] == keys
+
+
+@register_kind
+class DeltaSummary(Summary):
+    """Keys added and removed relative to a base version (membership: the added keys)."""
+
+    kind = KIND_DELTA
+    buildable = False
+
+    def __init__(self, added: object, removed: object) -> None:
+        self.added = unique_keys(added)
+        self.removed = unique_keys(removed)
+        if np.intersect1d(self.added, self.removed, assume_unique=True).size:
+            raise ValueError("a key cannot be both added and removed")
+        self._body: bytes | None = None
+
+    @classmethod
+    def between(cls, old_keys: object, new_keys: object) -> DeltaSummary:
+        """The delta turning key set ``old_keys`` into ``new_keys``."""
+        old, new = unique_keys(old_keys), unique_keys(new_keys)
+        return cls(
+            np.setdiff1d(new, old, assume_unique=True),
+            np.setdiff1d(old, new, assume_unique=True),
+        )
+
+    @property
+    def changed(self) -> int:
+        """Number of keys this delta adds or removes."""
+        return int(self.added.size + self.removed.size)
+
+    @classmethod
+    def from_keys(cls, keys: np.ndarray, target_fpr: float, seed: int) -> DeltaSummary:
+        raise ValueError("a delta is made with DeltaSummary.between(old, new)")
+
+    @classmethod
+    def estimate_size(cls, keys: np.ndarray, target_fpr: float) -> int | None:
+        return None
+
+    @staticmethod
+    def size_between(old_keys: np.ndarray, new_keys: np.ndarray) -> int:
+        """Body bytes of the delta between two sorted unique key arrays."""
+        return rice_set_size(np.setdiff1d(new_keys, old_keys, assume_unique=True)) + (
+            rice_set_size(np.setdiff1d(old_keys, new_keys, assume_unique=True))
+        )
+
+    def params(self) -> bytes:
+        return b""
+
+    def encode(self) -> bytes:
+        if self._body is None:
+            self._body = encode_rice_set(self.added) + encode_rice_set(self.removed)
+        return self._body
+
+    @classmethod
+    def decode_body(cls, params: bytes, body: bytes) -> DeltaSummary:
+        if params:
+            raise SummaryDecodeError(f"delta takes no params, got {len(params)} bytes", 0)
+        added, mid = decode_rice_set(body)
+        removed, end = decode_rice_set(body, mid)
+        if end != len(body):
+            raise SummaryDecodeError(f"delta ends at byte {end}, body has {len(body)}", end)
+        if np.intersect1d(added, removed, assume_unique=True).size:
+            raise SummaryDecodeError("delta adds and removes the same key", mid)
+        out = cls(added, removed)
+        out._body = body
+        return out
+
+    @property
+    def fpr(self) -> float:
+        return 0.0
+
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        return _isin_sorted(self.added, np.asarray(keys, dtype=np.uint64))
+
+
+class LayeredView:
+    """An approximate base filter with exact additions and removals on top."""
+
+    def __init__(self, base: Summary, added: np.ndarray, removed: np.ndarray) -> None:
+        self.base = base
+        self.added = added
+        self.removed = removed
+
+    @property
+    def fpr(self) -> float:
+        return self.base.fpr
+
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.uint64)
+        return _isin_sorted(self.added, keys) | (
+            self.base.contains_many(keys) & ~_isin_sorted(self.removed, keys)
+        )
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, int | np.integer) or not 0 <= int(key) < 1 << 64:
+            return False
+        return bool(self.contains_many(np.array([int(key)], dtype=np.uint64))[0])
+
+
+SummaryState = Summary | LayeredView
+
+
+def apply_delta(state: SummaryState, delta: DeltaSummary) -> SummaryState:
+    """The state after ``delta``: an exact set stays exact, a filter becomes a view."""
+    if isinstance(state, DeltaSummary):
+        raise ValueError("a delta applies to a snapshot or a view, not to another delta")
+    if isinstance(state, ExactSummary):
+        kept = np.setdiff1d(state.keys, delta.removed, assume_unique=True)
+        return ExactSummary(np.union1d(kept, delta.added))
+    if isinstance(state, LayeredView):
+        base, added, removed = state.base, state.added, state.removed
+    else:
+        base, added = state, np.zeros(0, dtype=np.uint64)
+        removed = np.zeros(0, dtype=np.uint64)
+    added = np.union1d(np.setdiff1d(added, delta.removed, assume_unique=True), delta.added)
+    removed = np.setdiff1d(np.union1d(removed, delta.removed), delta.added, assume_unique=True)
+    return LayeredView(base, added, removed)
