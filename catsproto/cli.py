@@ -7,7 +7,9 @@ TLV and what is wrong; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import pkgutil
 import string
 import sys
 from collections.abc import Sequence
@@ -214,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", default="tests/vectors/wire.json")
     p.add_argument("--check", action="store_true", help="fail if the file differs from the code")
     p.set_defaults(func=cmd_vectors)
+
+    import catsproto.commands
+
+    for info in sorted(pkgutil.iter_modules(catsproto.commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"catsproto.commands.{info.name}").register(sub)
     return parser
 
 
