@@ -16,14 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from catsproto import wire
+from catsproto.commands import UsageError
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
 _HEX = set(string.hexdigits + string.whitespace)
-
-
-class UsageError(Exception):
-    """Input the command cannot use (not a codec error): reported in one line, exit 2."""
 
 
 def _read_input(source: str) -> bytes:
