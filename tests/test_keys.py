@@ -103,7 +103,7 @@ def test_keys_agree_exactly_as_far_as_block_prefixes(a: list[int], b: list[int],
 def test_partial_tail_gets_no_key_and_does_not_change_earlier_keys(tokens: list[int]) -> None:
     keyer = BlockKeyer(SECRET, MODEL, 4)
     full = keyer.block_keys(tokens)
-    assert keyer.block_keys(tokens + [1, 2, 3])[: len(full)] == full
+    assert keyer.block_keys([*tokens, 1, 2, 3])[: len(full)] == full
     assert len(keyer.block_keys(tokens[: len(tokens) // 4 * 4 + 3])) == len(full)
 
 

@@ -141,7 +141,7 @@ def test_exact_overflow_is_refused() -> None:
     forged = np.concatenate([forged, np.zeros(8, dtype=np.uint8)])
     nbytes = (124 + ones[1] + 2 + 7) // 8
     data = bytes(body[:4]) + np.packbits(forged).tobytes()[:nbytes]
-    with pytest.raises(SummaryDecodeError, match="2\\^64-1|padding"):
+    with pytest.raises(SummaryDecodeError, match=r"2\^64-1|padding"):
         Summary.decode(KIND_EXACT, b"", data)
 
 
@@ -212,7 +212,11 @@ def test_fuse_partial_last_group_digits_must_be_zero() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from([1, 2, 3, 4, 5]), params=st.binary(max_size=24), body=st.binary(max_size=64))
+@given(
+    kind=st.sampled_from([1, 2, 3, 4, 5]),
+    params=st.binary(max_size=24),
+    body=st.binary(max_size=64),
+)
 def test_random_bytes_parse_or_raise_the_codec_error(kind: int, params: bytes, body: bytes) -> None:
     try:
         s = Summary.decode(kind, params, body)

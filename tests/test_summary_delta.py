@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -36,7 +38,7 @@ def arr(keys: set[int] | list[int]) -> np.ndarray:
 @given(sets=key_sets)
 def test_deltas_in_order_equal_a_fresh_snapshot(sets: list[set[int]]) -> None:
     state: Summary = ExactSummary(sets[0])
-    for old, new in zip(sets, sets[1:], strict=False):
+    for old, new in itertools.pairwise(sets):
         delta = DeltaSummary.between(arr(old), arr(new))
         wire_delta = Summary.decode(KIND_DELTA, delta.params(), delta.encode())
         assert isinstance(wire_delta, DeltaSummary)
@@ -52,7 +54,7 @@ def test_deltas_on_a_filter_never_lose_a_member(kind: int, sets: list[set[int]],
     base = Summary.build(arr(sets[0]), 0.01, kind=kind, seed=seed)
     state: Summary | LayeredView = base
     removed_ever: set[int] = set()
-    for old, new in zip(sets, sets[1:], strict=False):
+    for old, new in itertools.pairwise(sets):
         state = apply_delta(state, DeltaSummary.between(arr(old), arr(new)))
         removed_ever |= old - new
         gone = arr(removed_ever - new)
