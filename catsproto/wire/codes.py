@@ -25,6 +25,8 @@ class TLVType(enum.IntEnum):
     CACHE_SUMMARIES = 33
     CAPACITY = 34
     HOT_PREFIXES = 35
+    SEALED_CACHE = 36
+    DELEGATION = 254
     SIGNATURE = 255
 
 
@@ -107,16 +109,39 @@ class SignatureAlgorithm(enum.IntEnum):
     ED25519 = 1
 
 
-# L0 metric types (16 bits; unlisted codes are allowed and shown as numbers).
-L0_METRIC_NAMES: dict[int, str] = {
-    1: "gpu-utilization",
-    2: "running-requests",
-    3: "waiting-requests",
-    4: "prefill-throughput",
-    5: "decode-throughput",
-    6: "kv-cache-utilization",
-    7: "ttft",
-    8: "inter-token-latency",
-    9: "network-delay",
-    10: "network-bandwidth",
-}
+class AeadAlgorithm(enum.IntEnum):
+    """AEAD of a sealed cache section (see `catsproto.security.sealing`)."""
+
+    CHACHA20_POLY1305 = 1
+
+
+class ScopeKind(enum.IntEnum):
+    """What one scope entry of a key delegation authorises (see `catsproto.security.trust`).
+
+    CS_ID: value is a u32 CS-ID. ROUTE: an NLRI prefix the key may sign for. ADDRESS: a
+    range the instance (Origin) address must fall in. Prefix values: length u8, address.
+    """
+
+    CS_ID = 1
+    ROUTE = 2
+    ADDRESS = 3
+
+
+# L0 metric types are 16 bits; codes not listed below are allowed and shown as numbers.
+class L0MetricType(enum.IntEnum):
+    """The L0 metric type codes this implementation produces and reads by name."""
+
+    GPU_UTILIZATION = 1
+    RUNNING_REQUESTS = 2
+    WAITING_REQUESTS = 3
+    PREFILL_THROUGHPUT = 4
+    DECODE_THROUGHPUT = 5
+    KV_CACHE_UTILIZATION = 6
+    TTFT = 7
+    INTER_TOKEN_LATENCY = 8
+    NETWORK_DELAY = 9
+    NETWORK_BANDWIDTH = 10
+    OUTSTANDING_PREFILL_TOKENS = 11
+
+
+L0_METRIC_NAMES: dict[int, str] = {m.value: m.name.lower().replace("_", "-") for m in L0MetricType}
