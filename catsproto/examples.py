@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 from catsproto.wire import (
     Advertisement,
+    AeadAlgorithm,
     CacheModel,
     CacheSummaries,
     Capacity,
+    Delegation,
     HotPrefix,
     HotPrefixes,
     KeyScheme,
@@ -25,6 +27,9 @@ from catsproto.wire import (
     MetricsL1,
     MetricsL2,
     Origin,
+    ScopeEntry,
+    ScopeKind,
+    SealedCache,
     Sequence,
     Signature,
     SignatureAlgorithm,
@@ -159,6 +164,38 @@ def examples() -> list[Example]:
                 *_header("192.0.2.12", seq=3),
                 UnknownTLV(300, bytes.fromhex("deadbeef")),
                 UnknownTLV(40000, b""),
+            ),
+        ),
+        Example(
+            "sealed-delegated",
+            "Cache section sealed under group key 7 (opaque ciphertext), the operator's "
+            "delegation of the signing key carried in-band (CS-ID 100, route 10.0.0.0/16, "
+            "instance range 192.0.2.0/24) and a signature (placeholder bytes throughout; "
+            "tests/vectors/security.json has real ones).",
+            Advertisement.build(
+                *_header("192.0.2.14", seq=43),
+                MetricsL2(6),
+                SealedCache(
+                    AeadAlgorithm.CHACHA20_POLY1305, 7, _filler("nonce", 12), _filler("ct", 48)
+                ),
+                Delegation(
+                    algorithm=SignatureAlgorithm.ED25519,
+                    operator_key_id=_filler("op-key-id", 8),
+                    node_key=_filler("node-key", 32),
+                    not_before_ms=T0_MS,
+                    not_after_ms=T0_MS + 30 * 86_400_000,
+                    operator_signature=_filler("op-sig", 64),
+                    scope=(
+                        ScopeEntry.for_cs_id(100),
+                        ScopeEntry.for_network(
+                            ScopeKind.ROUTE, ipaddress.ip_network("10.0.0.0/16")
+                        ),
+                        ScopeEntry.for_network(
+                            ScopeKind.ADDRESS, ipaddress.ip_network("192.0.2.0/24")
+                        ),
+                    ),
+                ),
+                Signature(SignatureAlgorithm.ED25519, _filler("node-key-id", 8), _filler("s", 64)),
             ),
         ),
     ]

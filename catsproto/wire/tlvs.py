@@ -7,12 +7,15 @@ the key named in `validate`, never empty (an empty list is an absent TLV).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
 
 from catsproto.wire.codes import (
     FORMAT_VERSION,
+    AeadAlgorithm,
     KeyScheme,
     MetricCategory,
+    ScopeKind,
     SignatureAlgorithm,
     Source,
     Statistic,
@@ -22,7 +25,7 @@ from catsproto.wire.codes import (
     Unit,
     tlv_name,
 )
-from catsproto.wire.errors import BadLengthError, BadValueError
+from catsproto.wire.errors import BadLengthError, BadValueError, NonCanonicalError
 from catsproto.wire.fields import (
     F64,
     U8,
@@ -245,7 +248,146 @@ class HotPrefixes(TLV):
         strictly_increasing(self.prefixes, lambda p: p.block_key, "prefixes")
 
 
+CHACHA20_POLY1305_NONCE_LEN = 12
+AEAD_TAG_LEN = 16
+
+
+@define_tlv(TLVType.SEALED_CACHE)
+class SealedCache(TLV):
+    """The cache section (some of types 32-35), encrypted under a group key.
+
+    algorithm: 1 = ChaCha20-Poly1305 (12-byte nonce, 16-byte tag). key_id: u32 naming the
+    group key, in the clear so a receiver holding two keys during a rotation picks the
+    right one. nonce: 1..255 bytes behind a u8 length. ciphertext: the rest, tag included;
+    its plaintext is the sealed TLVs in canonical order (rules in `catsproto.security`).
+    """
+
+    algorithm: Annotated[AeadAlgorithm, U8]
+    key_id: Annotated[int, U32]
+    nonce: Annotated[bytes, Blob(1, min_len=1)]
+    ciphertext: Annotated[bytes, Blob(min_len=AEAD_TAG_LEN + 4)]
+
+    def validate(self) -> None:
+        if (
+            self.algorithm == AeadAlgorithm.CHACHA20_POLY1305
+            and len(self.nonce) != CHACHA20_POLY1305_NONCE_LEN
+        ):
+            raise BadLengthError(
+                f"ChaCha20-Poly1305 nonce is {len(self.nonce)} bytes, "
+                f"not {CHACHA20_POLY1305_NONCE_LEN}"
+            )
+
+
+_PREFIX_VALUE_LEN = {5: 32, 17: 128}  # value length -> address bits (u8 length + address)
+
+
+@record
+class ScopeEntry(Record):
+    """One thing a delegation authorises: a CS-ID, a route prefix or an address range.
+
+    kind: see `codes.ScopeKind`. value: behind a u8 length; CS_ID: u32 (1..2^32-1);
+    ROUTE and ADDRESS: prefix length u8 then the 4 (IPv4) or 16 (IPv6) address bytes,
+    host bits zero.
+    """
+
+    kind: Annotated[ScopeKind, U8]
+    value: Annotated[bytes, Blob(1)]
+
+    def key(self) -> tuple[int, bytes]:
+        return (self.kind, self.value)
+
+    @property
+    def cs_id(self) -> int:
+        return int.from_bytes(self.value, "big")
+
+    @property
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        bits, raw = self.value[0], self.value[1:]
+        if len(raw) == 4:
+            return ipaddress.IPv4Network((raw, bits))
+        return ipaddress.IPv6Network((raw, bits))
+
+    @classmethod
+    def for_cs_id(cls, cs_id: int) -> ScopeEntry:
+        if not 1 <= cs_id <= 0xFFFFFFFF:
+            raise BadValueError(f"cs_id {cs_id} outside 1..4294967295")
+        return cls(ScopeKind.CS_ID, cs_id.to_bytes(4, "big"))
+
+    @classmethod
+    def for_network(
+        cls, kind: ScopeKind, network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    ) -> ScopeEntry:
+        return cls(kind, bytes([network.prefixlen]) + network.network_address.packed)
+
+    def validate(self) -> None:
+        if self.kind == ScopeKind.CS_ID:
+            if len(self.value) != 4 or self.value == bytes(4):
+                raise BadValueError(
+                    f"cs-id scope value must be a u32 above 0, not {self.value.hex()}"
+                )
+            return
+        bits = _PREFIX_VALUE_LEN.get(len(self.value))
+        if bits is None:
+            raise BadLengthError(
+                f"{self.kind.name.lower()} scope value is {len(self.value)} bytes, not 5 or 17"
+            )
+        if self.value[0] > bits:
+            raise BadValueError(f"prefix length {self.value[0]} above {bits}")
+        try:
+            self.network  # noqa: B018  # host bits must be zero
+        except ValueError:
+            raise NonCanonicalError(f"prefix {self.value.hex()} has host bits set") from None
+
+
+ED25519_PUBLIC_KEY_LEN = 32
 ED25519_SIGNATURE_LEN = 64
+
+
+@define_tlv(TLVType.DELEGATION)
+class Delegation(TLV):
+    """An operator key's signed statement that a node key may speak for a scope.
+
+    algorithm: 1 = Ed25519 for both keys. operator_key_id: 1..255 bytes naming the
+    operator key in the receiver's trust store. node_key: the authorised public key
+    (32 bytes for Ed25519). not_before_ms / not_after_ms: the validity period, ms since
+    1970 (not_before < not_after). operator_signature: over every other field (rules in
+    `catsproto.security.trust`). scope: the rest, strictly increasing by (kind, value),
+    with at least one CS-ID, one route and one address entry.
+    """
+
+    algorithm: Annotated[SignatureAlgorithm, U8]
+    operator_key_id: Annotated[bytes, Blob(1, min_len=1)]
+    node_key: Annotated[bytes, Blob(1, min_len=1)]
+    not_before_ms: Annotated[int, U64]
+    not_after_ms: Annotated[int, U64]
+    operator_signature: Annotated[bytes, Blob(1, min_len=1)]
+    scope: Annotated[tuple[ScopeEntry, ...], Items(ScopeEntry)]
+
+    def validate(self) -> None:
+        if self.algorithm == SignatureAlgorithm.ED25519:
+            if len(self.node_key) != ED25519_PUBLIC_KEY_LEN:
+                raise BadLengthError(
+                    f"Ed25519 node_key is {len(self.node_key)} bytes, not {ED25519_PUBLIC_KEY_LEN}"
+                )
+            if len(self.operator_signature) != ED25519_SIGNATURE_LEN:
+                raise BadLengthError(
+                    f"Ed25519 operator_signature is {len(self.operator_signature)} bytes, "
+                    f"not {ED25519_SIGNATURE_LEN}"
+                )
+        if self.not_before_ms >= self.not_after_ms:
+            raise BadValueError(
+                f"not_before_ms {self.not_before_ms} not below not_after_ms {self.not_after_ms}"
+            )
+        strictly_increasing(self.scope, ScopeEntry.key, "scope")
+        missing = {ScopeKind.CS_ID, ScopeKind.ROUTE, ScopeKind.ADDRESS} - {
+            e.kind for e in self.scope
+        }
+        if missing:
+            names = ", ".join(sorted(k.name.lower() for k in missing))
+            raise BadValueError(f"scope has no {names} entry")
+
+    def entries(self, kind: ScopeKind) -> tuple[ScopeEntry, ...]:
+        return tuple(e for e in self.scope if e.kind == kind)
 
 
 @define_tlv(TLVType.SIGNATURE)
@@ -283,6 +425,8 @@ DEFAULT_REGISTRY = Registry(
         CacheSummaries,
         Capacity,
         HotPrefixes,
+        SealedCache,
+        Delegation,
         Signature,
     ]
 )
