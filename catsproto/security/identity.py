@@ -1,0 +1,123 @@
+"""Ed25519 keys, their key ids and their JSON file form.
+
+A key id is derived, never chosen: the first 8 bytes of
+``SHA-256("catsproto/v1 key-id" 0x00 || algorithm u8 || public key)``. So a receiver
+that holds a public key computes its id itself, and two keys cannot share an id by
+accident. Private keys are created from a 32-byte seed the caller draws
+(``os.urandom(32)``); nothing here draws randomness or touches files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from catsproto.wire import SignatureAlgorithm
+from catsproto.wire.fields import JSON
+from catsproto.wire.tlvs import ED25519_PUBLIC_KEY_LEN
+
+KEY_ID_LABEL = b"catsproto/v1 key-id\x00"
+KEY_ID_LEN = 8
+SEED_LEN = 32
+PRIVATE_KEY_FORMAT = "catsproto-ed25519-private/1"
+
+
+class KeyFormatError(ValueError):
+    """A key or key file that cannot be used (wrong length, wrong format)."""
+
+
+def key_id(public_key: bytes, algorithm: SignatureAlgorithm = SignatureAlgorithm.ED25519) -> bytes:
+    """The 8-byte id of `public_key` (see the module docstring)."""
+    return hashlib.sha256(KEY_ID_LABEL + bytes([algorithm]) + public_key).digest()[:KEY_ID_LEN]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class PublicKey:
+    """An Ed25519 public key ready to verify (the parsed key object is kept, so a
+    receiver pays the point decoding once per key, not once per advertisement)."""
+
+    raw: bytes
+    key_id: bytes
+    _key: Ed25519PublicKey
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> PublicKey:
+        if len(raw) != ED25519_PUBLIC_KEY_LEN:
+            raise KeyFormatError(f"Ed25519 public key is {len(raw)} bytes, not 32")
+        try:
+            parsed = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as exc:
+            raise KeyFormatError(f"not an Ed25519 public key: {exc}") from None
+        return cls(bytes(raw), key_id(raw), parsed)
+
+    def verify(self, signature: bytes, message: bytes) -> bool:
+        try:
+            self._key.verify(signature, message)
+        except InvalidSignature:
+            return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PublicKey) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        return f"PublicKey(key_id={self.key_id.hex()})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class SigningKey:
+    """An Ed25519 private key, built from a 32-byte seed (RFC 8032 private key)."""
+
+    seed: bytes
+    public: PublicKey
+    _key: Ed25519PrivateKey
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> SigningKey:
+        if len(seed) != SEED_LEN:
+            raise KeyFormatError(f"Ed25519 seed is {len(seed)} bytes, not {SEED_LEN}")
+        private = Ed25519PrivateKey.from_private_bytes(seed)
+        raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return cls(bytes(seed), PublicKey.from_bytes(raw), private)
+
+    @property
+    def key_id(self) -> bytes:
+        return self.public.key_id
+
+    def sign(self, message: bytes) -> bytes:
+        """Deterministic Ed25519 (RFC 8032): the same message always gives the same bytes."""
+        return self._key.sign(message)
+
+    def to_json(self, name: str = "") -> JSON:
+        """The private key file (keep it mode 0600): seed, public key, key id."""
+        return {
+            "format": PRIVATE_KEY_FORMAT,
+            "name": name,
+            "algorithm": "ed25519",
+            "seed": self.seed.hex(),
+            "public_key": self.public.raw.hex(),
+            "key_id": self.key_id.hex(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: JSON) -> SigningKey:
+        if not isinstance(obj, dict) or obj.get("format") != PRIVATE_KEY_FORMAT:
+            raise KeyFormatError(f"not a private key file (format {PRIVATE_KEY_FORMAT})")
+        try:
+            key = cls.from_seed(bytes.fromhex(obj["seed"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KeyFormatError(f"private key file: bad seed ({exc})") from None
+        for field, want in (("public_key", key.public.raw), ("key_id", key.key_id)):
+            if field in obj and obj[field] != want.hex():
+                raise KeyFormatError(f"private key file: {field} does not match the seed")
+        return key
+
+    def __repr__(self) -> str:  # never print the seed
+        return f"SigningKey(key_id={self.key_id.hex()})"

@@ -1,0 +1,282 @@
+"""The receive path: attribute bytes and their route in, a `Verdict` out.
+
+Strategy: `check` is a pure function of (bytes, route, now, trust store, replay window,
+policy, group keys) and returns a `Verdict`; it changes nothing. `Receiver.receive` is
+`check` plus the commit: it returns the verdict and the next receiver, whose trust store
+and replay window are the very same objects unless the advertisement was accepted (only
+the counters move on a refusal). Checks run cheapest first and the first that fails
+names the reason:
+
+ 1. decode (malformed)               6. timestamp within [now - max_age, now + max_future]
+ 2. signature TLV present (unsigned) 7. (epoch, sequence) not below the last accepted
+ 3. signer's key: trust store or a   8. Ed25519 over `signing.signed_message` (bad-signature)
+    carried delegation (unknown-key, 9. same (epoch, sequence): duplicate or equivocation
+    bad-delegation)                 10. open the sealed cache section when group keys are
+ 4. delegation valid now (expired)       given (unknown-group-key, decryption-failed)
+ 5. CS-ID, instance address and route
+    in its scope (not-authorised)
+
+Without group keys a sealed advertisement is still verified and accepted, cache section
+unread (that is what an unauthorised selector can do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from catsproto import wire
+from catsproto.security.errors import (
+    ERROR_FOR_REASON,
+    BadDelegationError,
+    BadSignatureError,
+    DuplicateError,
+    EquivocationError,
+    FutureTimestampError,
+    MalformedError,
+    Reason,
+    ReplayedError,
+    StaleTimestampError,
+    UnknownKeyError,
+    UnsignedError,
+)
+from catsproto.security.identity import key_id
+from catsproto.security.replay import ReplayWindow, RouteKey, RouteState
+from catsproto.security.sealing import GroupKeyring, open_sealed
+from catsproto.security.signing import IPNetwork, signed_message, without_signature
+from catsproto.security.trust import Authorisation, TrustStore
+from catsproto.wire import Advertisement, CodecError, Delegation
+
+_REASONS = tuple(Reason)
+_INDEX = {r: i for i, r in enumerate(_REASONS)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """Freshness rules. An origin must re-advertise (a new sequence) well within
+    `max_age_ms`, or selectors drop its routes' cache state as stale."""
+
+    max_age_ms: int = 120_000
+    max_future_ms: int = 5_000
+    attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome for one advertisement on one route.
+
+    advertisement: the verified advertisement, cache section opened when group keys
+    were given (for ok and duplicate; None otherwise). state: what the replay window
+    records when it is accepted. learned: a carried delegation checked on the way,
+    which the trust store takes on when the advertisement is accepted.
+    """
+
+    reason: Reason
+    detail: str
+    route: RouteKey | None = None
+    advertisement: Advertisement | None = None
+    signer: Authorisation | None = None
+    state: RouteState | None = None
+    learned: Authorisation | None = None
+    error: CodecError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is Reason.OK
+
+    def raise_if_refused(self) -> Advertisement:
+        """The advertisement if accepted; else raise the error of the reason."""
+        if self.ok and self.advertisement is not None:
+            return self.advertisement
+        if self.error is not None:
+            raise self.error
+        raise ERROR_FOR_REASON[self.reason](self.detail)
+
+    def to_json(self) -> wire.fields.JSON:
+        out: dict[str, wire.fields.JSON] = {"reason": self.reason.value, "detail": self.detail}
+        if self.route is not None:
+            out["route"] = {
+                "cs_id": self.route.cs_id,
+                "address": str(self.route.address),
+                "nlri": str(self.route.nlri),
+            }
+        if self.signer is not None:
+            out["key_id"] = self.signer.key_id.hex()
+            out["operator"] = self.signer.operator.name
+        if self.state is not None:
+            out["epoch"], out["sequence"] = self.state.position
+        return out
+
+
+def _signer(
+    adv: Advertisement, signature: wire.Signature, trust: TrustStore
+) -> tuple[Authorisation, Authorisation | None]:
+    """The authorisation of the signing key, and whether it was newly learned."""
+    known = trust.lookup(signature.key_id)
+    carried = adv.get(Delegation)
+    if carried is None or (known is not None and known.delegation == carried):
+        if known is None:
+            raise UnknownKeyError(f"signing key {signature.key_id.hex()} is not authorised")
+        return known, None
+    if key_id(carried.node_key) != signature.key_id:
+        raise BadDelegationError(
+            f"carried delegation is for key {key_id(carried.node_key).hex()}, "
+            f"the signature by key {signature.key_id.hex()}",
+            tlv_type=wire.TLVType.DELEGATION,
+        )
+    learned = trust.check_delegation(carried)
+    return learned, learned
+
+
+def _verify(
+    value: bytes,
+    nlri: IPNetwork,
+    now_ms: int,
+    trust: TrustStore,
+    window: ReplayWindow,
+    policy: Policy,
+    group_keys: GroupKeyring | None,
+) -> Verdict:
+    try:
+        adv = wire.decode(value)
+    except CodecError as exc:
+        raise MalformedError(exc.reason, exc.offset, exc.tlv_type) from None
+    origin = adv.origin
+    route = RouteKey(origin.cs_id, origin.address, nlri)
+    try:
+        signature = adv.signature
+        if signature is None:
+            raise UnsignedError("advertisement carries no signature TLV")
+        auth, learned = _signer(adv, signature, trust)
+        auth.check_validity(now_ms)
+        auth.check_scope(origin.cs_id, origin.address, nlri)
+        ts = adv.timestamp_ms
+        if ts < now_ms - policy.max_age_ms:
+            raise StaleTimestampError(
+                f"timestamp {ts} is {now_ms - ts} ms old, more than {policy.max_age_ms}"
+            )
+        if ts > now_ms + policy.max_future_ms:
+            raise FutureTimestampError(
+                f"timestamp {ts} is {ts - now_ms} ms ahead, more than {policy.max_future_ms}"
+            )
+        seq = adv.sequence
+        position = (seq.epoch, seq.sequence)
+        previous = window.get(route)
+        if previous is not None and position < previous.position:
+            raise ReplayedError(
+                f"(epoch, sequence) {position} is below the last accepted {previous.position}"
+            )
+        message = signed_message(without_signature(value), nlri, policy.attribute_type)
+        if not auth.node.verify(signature.signature, message):
+            raise BadSignatureError(
+                f"Ed25519 signature by key {signature.key_id.hex()} does not verify "
+                f"for route {nlri}",
+                tlv_type=wire.TLVType.SIGNATURE,
+            )
+        if previous is not None and position == previous.position:
+            if previous.signature != signature.signature:
+                raise EquivocationError(
+                    f"(epoch, sequence) {position} was accepted before with other content"
+                )
+            duplicate = True
+        else:
+            duplicate = False
+        if group_keys is not None:
+            adv = open_sealed(adv, group_keys)
+    except BadSignatureError as exc:
+        return Verdict(exc.why, str(exc), route, error=exc)
+    if duplicate:
+        return Verdict(Reason.DUPLICATE, f"{position} already accepted", route, adv, auth)
+    state = RouteState(seq.epoch, seq.sequence, ts, signature.signature)
+    return Verdict(Reason.OK, "accepted", route, adv, auth, state, learned)
+
+
+def check(
+    value: bytes | Advertisement,
+    nlri: IPNetwork,
+    now_ms: int,
+    trust: TrustStore,
+    window: ReplayWindow = ReplayWindow(),  # noqa: B008  # immutable
+    policy: Policy = Policy(),  # immutable
+    group_keys: GroupKeyring | None = None,
+) -> Verdict:
+    """Verify one received advertisement for its route; never raises for bad input."""
+    if isinstance(value, Advertisement):
+        value = wire.encode(value)
+    try:
+        return _verify(bytes(value), nlri, now_ms, trust, window, policy, group_keys)
+    except BadSignatureError as exc:
+        return Verdict(exc.why, str(exc), error=exc)
+
+
+def verify_advertisement(
+    value: bytes | Advertisement,
+    nlri: IPNetwork,
+    now_ms: int,
+    trust: TrustStore,
+    window: ReplayWindow = ReplayWindow(),  # noqa: B008  # immutable
+    policy: Policy = Policy(),  # immutable
+    group_keys: GroupKeyring | None = None,
+) -> Advertisement:
+    """One-shot form of `check`: the verified advertisement, or a BadSignatureError."""
+    verdict = check(value, nlri, now_ms, trust, window, policy, group_keys)
+    if verdict.reason is Reason.DUPLICATE:
+        raise DuplicateError(verdict.detail)
+    return verdict.raise_if_refused()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Counters:
+    """How many advertisements ended with each reason (an immutable tally)."""
+
+    counts: tuple[int, ...] = (0,) * len(_REASONS)
+
+    def record(self, reason: Reason) -> Counters:
+        i = _INDEX[reason]
+        return Counters((*self.counts[:i], self.counts[i] + 1, *self.counts[i + 1 :]))
+
+    def __getitem__(self, reason: Reason) -> int:
+        return self.counts[_INDEX[reason]]
+
+    def as_dict(self) -> Mapping[str, int]:
+        return {r.value: n for r, n in zip(_REASONS, self.counts, strict=True)}
+
+    @property
+    def refused(self) -> int:
+        return sum(self.counts) - self[Reason.OK] - self[Reason.DUPLICATE]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Receiver:
+    """A selector's verification state: trust, replay window, policy, keys, counters."""
+
+    trust: TrustStore
+    window: ReplayWindow = ReplayWindow()  # noqa: RUF009  # immutable
+    policy: Policy = Policy()  # immutable
+    group_keys: GroupKeyring | None = None
+    counters: Counters = Counters()  # immutable
+
+    def check(self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int) -> Verdict:
+        return check(value, nlri, now_ms, self.trust, self.window, self.policy, self.group_keys)
+
+    def commit(self, verdict: Verdict) -> Receiver:
+        """The receiver after `verdict`: counted; window and trust move only on OK."""
+        counters = self.counters.record(verdict.reason)
+        if not verdict.ok:
+            return dataclasses.replace(self, counters=counters)
+        assert verdict.route is not None and verdict.state is not None
+        trust = self.trust
+        if verdict.learned is not None:
+            trust = trust.with_authorisation(verdict.learned)
+        window = self.window.with_entry(verdict.route, verdict.state)
+        return dataclasses.replace(self, trust=trust, window=window, counters=counters)
+
+    def receive(
+        self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int
+    ) -> tuple[Verdict, Receiver]:
+        verdict = self.check(value, nlri, now_ms)
+        return verdict, self.commit(verdict)
+
+    def expire(self, now_ms: int) -> Receiver:
+        """Forget routes whose last accepted advertisement is past the freshness window."""
+        return dataclasses.replace(self, window=self.window.expire(now_ms, self.policy.max_age_ms))

@@ -1,0 +1,96 @@
+"""Replay protection: per route, only a newer (epoch, sequence) than the last accepted.
+
+The window is kept per route, keyed by (CS-ID, instance address, NLRI prefix): an origin
+sends one advertisement per prefix (its address, each summary shard), each checked on
+its own, and may draw all their sequence numbers from one counter. (epoch, sequence)
+compares as a pair, so after a restart an origin that lost its counter starts a higher
+epoch (e.g. its boot time in seconds) at any sequence and everything from the old epoch
+stays refused. The same (epoch, sequence) again is a duplicate if the signature bytes are
+the same (Ed25519 is deterministic, RFC 8032, so same signer and content give the same
+signature) and an equivocation otherwise.
+
+The window is an immutable value: `with_entry` returns a new window sharing all but one
+bucket with the old one (a persistent map of 64 buckets), so committing costs a few
+microseconds whatever the number of routes, and an unaccepted advertisement cannot
+touch it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+
+from catsproto.security.signing import IPNetwork
+from catsproto.wire.fields import IPAddress
+
+_BUCKETS = 64
+_EMPTY: Mapping[RouteKey, RouteState] = MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteKey:
+    """The unit of replay protection: one origin's advertisement on one prefix."""
+
+    cs_id: int
+    address: IPAddress
+    nlri: IPNetwork
+
+    def __str__(self) -> str:
+        return f"cs {self.cs_id} {self.address} on {self.nlri}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteState:
+    """What the window remembers of the last accepted advertisement of a route."""
+
+    epoch: int
+    sequence: int
+    timestamp_ms: int
+    signature: bytes
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.epoch, self.sequence)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayWindow:
+    """Last accepted (epoch, sequence) per route; immutable, cheap to update."""
+
+    _buckets: tuple[Mapping[RouteKey, RouteState], ...] = (_EMPTY,) * _BUCKETS
+    _size: int = 0
+
+    def get(self, route: RouteKey) -> RouteState | None:
+        return self._buckets[hash(route) % _BUCKETS].get(route)
+
+    def with_entry(self, route: RouteKey, state: RouteState) -> ReplayWindow:
+        i = hash(route) % _BUCKETS
+        old = self._buckets[i]
+        bucket = dict(old)
+        bucket[route] = state
+        buckets = (*self._buckets[:i], MappingProxyType(bucket), *self._buckets[i + 1 :])
+        return ReplayWindow(buckets, self._size + (route not in old))
+
+    def expire(self, now_ms: int, max_age_ms: int) -> ReplayWindow:
+        """Drop routes whose last accepted timestamp is older than the freshness window.
+
+        Safe when an origin's timestamps do not go down as its (epoch, sequence) goes up
+        (our node guarantees it): anything older than a forgotten entry is then stale and
+        refused by the timestamp check instead.
+        """
+        horizon = now_ms - max_age_ms
+        buckets = tuple(
+            MappingProxyType({k: v for k, v in b.items() if v.timestamp_ms >= horizon})
+            if any(v.timestamp_ms < horizon for v in b.values())
+            else b
+            for b in self._buckets
+        )
+        return ReplayWindow(buckets, sum(len(b) for b in buckets))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[tuple[RouteKey, RouteState]]:
+        for b in self._buckets:
+            yield from b.items()

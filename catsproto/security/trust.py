@@ -1,0 +1,312 @@
+"""Operator keys, the node keys they authorise, and the trust file.
+
+Strategy: trust has two levels and nothing else. A receiver is configured with operator
+public keys. An operator signs a *delegation* (the `wire.Delegation` TLV: node key,
+validity period, scope) saying that one node key may speak for some CS-IDs, on some
+route prefixes, from some instance addresses. A delegation reaches a receiver either in
+its trust file or inside an advertisement (then it is checked on first use and
+remembered only if that advertisement is accepted). Either way the operator's signature
+is checked once, and the result is an `Authorisation`: the parsed node key and its scope
+as sets, so checking an advertisement costs set lookups and one Ed25519 verify.
+
+The operator signature covers::
+
+    "catsproto/v1 delegation" 0x00   label (24 bytes)
+    the Delegation TLV value with the operator_signature field left out
+    (algorithm, operator_key_id, node_key, not_before_ms, not_after_ms, scope)
+
+A store holds one delegation per node key: the one with the latest `not_before_ms`,
+so a renewal replaces the old delegation and an old, wider one cannot be played back.
+The trust file is JSON (format "catsproto-trust/1"; see docs/security.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from catsproto.security.errors import (
+    BadDelegationError,
+    KeyExpiredError,
+    NotAuthorisedError,
+    UnknownKeyError,
+)
+from catsproto.security.identity import KeyFormatError, PublicKey, SigningKey, key_id
+from catsproto.security.signing import IPNetwork
+from catsproto.wire import (
+    CodecError,
+    Delegation,
+    ScopeEntry,
+    ScopeKind,
+    SignatureAlgorithm,
+    Writer,
+)
+from catsproto.wire.fields import JSON, IPAddress
+
+DELEGATION_LABEL = b"catsproto/v1 delegation\x00"
+TRUST_FORMAT = "catsproto-trust/1"
+DELEGATION_FORMAT = "catsproto-delegation/1"
+
+
+class TrustFileError(ValueError):
+    """A trust file, key or delegation file that cannot be loaded; says what and where."""
+
+
+def delegation_message(d: Delegation) -> bytes:
+    """The bytes the operator signs: the label, then every field but the signature."""
+    w = Writer()
+    for name, codec in type(d)._LAYOUT:
+        if name != "operator_signature":
+            codec.write(w, getattr(d, name))
+    return DELEGATION_LABEL + w.getvalue()
+
+
+def _networks(items: Iterable[IPNetwork | str]) -> list[IPNetwork]:
+    return [ipaddress.ip_network(x) if isinstance(x, str) else x for x in items]
+
+
+def authorise(
+    operator: SigningKey,
+    node_key: bytes,
+    *,
+    cs_ids: Iterable[int],
+    routes: Iterable[IPNetwork | str],
+    addresses: Iterable[IPNetwork | str],
+    not_before_ms: int,
+    not_after_ms: int,
+) -> Delegation:
+    """The operator's signed delegation of `node_key` (raw Ed25519 public key)."""
+    scope = [ScopeEntry.for_cs_id(c) for c in cs_ids]
+    scope += [ScopeEntry.for_network(ScopeKind.ROUTE, n) for n in _networks(routes)]
+    scope += [ScopeEntry.for_network(ScopeKind.ADDRESS, n) for n in _networks(addresses)]
+    unsigned = Delegation(
+        algorithm=SignatureAlgorithm.ED25519,
+        operator_key_id=operator.key_id,
+        node_key=bytes(node_key),
+        not_before_ms=not_before_ms,
+        not_after_ms=not_after_ms,
+        operator_signature=bytes(64),
+        scope=tuple(sorted(set(scope), key=ScopeEntry.key)),
+    )
+    signature = operator.sign(delegation_message(unsigned))
+    return dataclasses.replace(unsigned, operator_signature=signature)
+
+
+def _within(address: IPAddress | IPNetwork, networks: tuple[IPNetwork, ...]) -> bool:
+    if isinstance(address, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return any(
+            address.version == n.version and address.subnet_of(n)  # type: ignore[arg-type]
+            for n in networks
+        )
+    return any(address in n for n in networks)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperatorKey:
+    name: str
+    public: PublicKey
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Authorisation:
+    """A delegation whose operator signature has been checked, ready for fast use."""
+
+    delegation: Delegation
+    node: PublicKey
+    operator: OperatorKey
+    cs_ids: frozenset[int]
+    routes: tuple[IPNetwork, ...]
+    addresses: tuple[IPNetwork, ...]
+
+    @classmethod
+    def of(cls, delegation: Delegation, node: PublicKey, operator: OperatorKey) -> Authorisation:
+        return cls(
+            delegation,
+            node,
+            operator,
+            frozenset(e.cs_id for e in delegation.entries(ScopeKind.CS_ID)),
+            tuple(e.network for e in delegation.entries(ScopeKind.ROUTE)),
+            tuple(e.network for e in delegation.entries(ScopeKind.ADDRESS)),
+        )
+
+    @property
+    def key_id(self) -> bytes:
+        return self.node.key_id
+
+    def check_validity(self, now_ms: int) -> None:
+        d = self.delegation
+        if not d.not_before_ms <= now_ms < d.not_after_ms:
+            raise KeyExpiredError(
+                f"key {self.key_id.hex()} is authorised from {d.not_before_ms} "
+                f"until {d.not_after_ms} ms, now is {now_ms}"
+            )
+
+    def check_scope(self, cs_id: int, address: IPAddress, nlri: IPNetwork) -> None:
+        key = self.key_id.hex()
+        if cs_id not in self.cs_ids:
+            raise NotAuthorisedError(f"key {key} is not authorised for CS-ID {cs_id}")
+        if not _within(address, self.addresses):
+            raise NotAuthorisedError(f"key {key} is not authorised for instance address {address}")
+        if not _within(nlri, self.routes):
+            raise NotAuthorisedError(f"key {key} is not authorised for route {nlri}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrustStore:
+    """Trusted operator keys and the node keys they authorise, by key id. Immutable:
+    every change returns a new store."""
+
+    operators: Mapping[bytes, OperatorKey] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    authorisations: Mapping[bytes, Authorisation] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def with_operator(self, public_key: bytes, name: str = "") -> TrustStore:
+        public = PublicKey.from_bytes(public_key)
+        operators = {**self.operators, public.key_id: OperatorKey(name, public)}
+        return dataclasses.replace(self, operators=MappingProxyType(operators))
+
+    def without_operator(self, operator_key_id: bytes) -> TrustStore:
+        """Remove an operator and every node key it authorised (revocation)."""
+        return TrustStore(
+            MappingProxyType({k: v for k, v in self.operators.items() if k != operator_key_id}),
+            MappingProxyType(
+                {
+                    k: a
+                    for k, a in self.authorisations.items()
+                    if a.operator.public.key_id != operator_key_id
+                }
+            ),
+        )
+
+    def without_key(self, node_key_id: bytes) -> TrustStore:
+        """Forget one node key (revocation before its delegation expires)."""
+        auths = {k: v for k, v in self.authorisations.items() if k != node_key_id}
+        return dataclasses.replace(self, authorisations=MappingProxyType(auths))
+
+    def lookup(self, node_key_id: bytes) -> Authorisation | None:
+        return self.authorisations.get(node_key_id)
+
+    def check_delegation(self, delegation: Delegation) -> Authorisation:
+        """Check `delegation` against the operator keys; raises UnknownKeyError or
+        BadDelegationError. Changes nothing."""
+        operator = self.operators.get(delegation.operator_key_id)
+        if operator is None:
+            raise UnknownKeyError(
+                f"delegation by operator key {delegation.operator_key_id.hex()}, "
+                "which is not trusted"
+            )
+        if not operator.public.verify(
+            delegation.operator_signature, delegation_message(delegation)
+        ):
+            raise BadDelegationError(
+                f"operator signature of {operator.name or operator.public.key_id.hex()} "
+                f"on the delegation of key {key_id(delegation.node_key).hex()} does not verify"
+            )
+        try:
+            node = PublicKey.from_bytes(delegation.node_key)
+        except KeyFormatError as exc:
+            raise BadDelegationError(str(exc)) from None
+        current = self.authorisations.get(node.key_id)
+        if (
+            current is not None
+            and current.delegation != delegation
+            and current.delegation.not_before_ms >= delegation.not_before_ms
+        ):
+            raise BadDelegationError(
+                f"delegation of key {node.key_id.hex()} from {delegation.not_before_ms} "
+                f"is superseded by the one from {current.delegation.not_before_ms}"
+            )
+        return Authorisation.of(delegation, node, operator)
+
+    def with_authorisation(self, authorisation: Authorisation) -> TrustStore:
+        auths = {**self.authorisations, authorisation.key_id: authorisation}
+        return dataclasses.replace(self, authorisations=MappingProxyType(auths))
+
+    def with_delegation(self, delegation: Delegation) -> TrustStore:
+        """A store that also trusts `delegation` (checked here; raises if it fails)."""
+        return self.with_authorisation(self.check_delegation(delegation))
+
+    # ---- the trust file --------------------------------------------------------------
+
+    def to_json(self) -> JSON:
+        return {
+            "format": TRUST_FORMAT,
+            "operators": [
+                {"name": o.name, "public_key": o.public.raw.hex(), "key_id": o.public.key_id.hex()}
+                for o in self.operators.values()
+            ],
+            "delegations": [delegation_to_json(a.delegation) for a in self.authorisations.values()],
+        }
+
+    @classmethod
+    def from_json(cls, obj: JSON) -> TrustStore:
+        """Load a trust file; every delegation's operator signature is checked here."""
+        if not isinstance(obj, dict) or obj.get("format") != TRUST_FORMAT:
+            raise TrustFileError(f'a trust file is a JSON object with "format": "{TRUST_FORMAT}"')
+        store = cls()
+        for i, op in enumerate(obj.get("operators", [])):
+            try:
+                public = bytes.fromhex(op["public_key"])
+                store = store.with_operator(public, str(op.get("name", "")))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TrustFileError(f"operators[{i}]: {exc}") from None
+            if "key_id" in op and op["key_id"] != key_id(public).hex():
+                raise TrustFileError(f"operators[{i}]: key_id does not match public_key")
+        for i, item in enumerate(obj.get("delegations", [])):
+            try:
+                store = store.with_delegation(delegation_from_json(item))
+            except (CodecError, TrustFileError) as exc:
+                raise TrustFileError(f"delegations[{i}]: {exc}") from None
+        return store
+
+
+def delegation_to_json(d: Delegation) -> JSON:
+    """Readable form of a delegation (the trust file's and `catsproto authorize`'s)."""
+    return {
+        "format": DELEGATION_FORMAT,
+        "algorithm": d.algorithm.name.lower(),
+        "operator_key_id": d.operator_key_id.hex(),
+        "node_key": d.node_key.hex(),
+        "node_key_id": key_id(d.node_key).hex(),
+        "not_before_ms": d.not_before_ms,
+        "not_after_ms": d.not_after_ms,
+        "cs_ids": [e.cs_id for e in d.entries(ScopeKind.CS_ID)],
+        "routes": [str(e.network) for e in d.entries(ScopeKind.ROUTE)],
+        "addresses": [str(e.network) for e in d.entries(ScopeKind.ADDRESS)],
+        "operator_signature": d.operator_signature.hex(),
+    }
+
+
+def delegation_from_json(obj: JSON) -> Delegation:
+    """Inverse of `delegation_to_json`; the result is exactly the delegation signed."""
+    if not isinstance(obj, dict):
+        raise TrustFileError("a delegation is a JSON object")
+    try:
+        algorithm = SignatureAlgorithm[str(obj["algorithm"]).upper()]
+        node_key = bytes.fromhex(obj["node_key"])
+        scope = [ScopeEntry.for_cs_id(c) for c in obj["cs_ids"]]
+        scope += [ScopeEntry.for_network(ScopeKind.ROUTE, n) for n in _networks(obj["routes"])]
+        scope += [ScopeEntry.for_network(ScopeKind.ADDRESS, n) for n in _networks(obj["addresses"])]
+        d = Delegation(
+            algorithm=algorithm,
+            operator_key_id=bytes.fromhex(obj["operator_key_id"]),
+            node_key=node_key,
+            not_before_ms=obj["not_before_ms"],
+            not_after_ms=obj["not_after_ms"],
+            operator_signature=bytes.fromhex(obj["operator_signature"]),
+            scope=tuple(sorted(scope, key=ScopeEntry.key)),
+        )
+    except KeyError as exc:
+        raise TrustFileError(f"delegation lacks {exc}") from None
+    except CodecError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise TrustFileError(f"delegation: {exc}") from None
+    if "node_key_id" in obj and obj["node_key_id"] != key_id(node_key).hex():
+        raise TrustFileError("delegation: node_key_id does not match node_key")
+    return d
