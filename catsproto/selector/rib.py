@@ -1,0 +1,262 @@
+"""The selector's RIB: what verified advertisements say about each instance of a service.
+
+Strategy: one `ServiceTable` per CS-ID keeps its instances in numbered slots, with the
+numbers the cost model needs every decision (prefill rate, advertised backlog, site,
+liveness) in numpy arrays indexed by slot, so a decision scores every instance in a few
+vector operations. Each instance keeps one `SummaryReceiver` per (tier, shard) — the
+summaries layer decides snapshot/delta/stale — and a generation number that moves
+whenever any of them changes, which is what the key index (`index.py`) invalidates on.
+
+Only advertisements that the security layer accepted reach `accept`; the RIB still
+refuses what it cannot use (no summaries for an unknown kind, a broken delta) by
+recording it, never by raising past its caller. Time is `now_ms`, passed in.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catsproto.summary import SummaryReceiver
+from catsproto.summary.versioning import Outcome
+from catsproto.wire import Advertisement, CodecError, L0MetricType, Tier
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+DEFAULT_HOLD_TIME_MS = 90_000  # like BGP's default hold time: 3 missed 30 s refreshes
+DEFAULT_PREFILL_TPS = 10_000.0  # tokens/s assumed until an instance advertises its rate
+
+
+@dataclass
+class TierState:
+    """One tier of one instance: retrieval cost and the summaries of its shards."""
+
+    tier: Tier
+    bytes_per_block: int
+    fetch_latency_us: int
+    fetch_bandwidth_mbps: int
+    shards: dict[tuple[int, int], SummaryReceiver] = field(default_factory=dict)
+
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        held = np.zeros(keys.shape, dtype=bool)
+        for (lo, hi), receiver in self.shards.items():
+            if lo == 0 and hi == (1 << 64) - 1:
+                held |= receiver.contains_many(keys)
+                continue
+            inside = (keys >= np.uint64(lo)) & (keys <= np.uint64(hi))
+            if inside.any():
+                held[inside] |= receiver.contains_many(keys[inside])
+        return held
+
+    @property
+    def fpr(self) -> float:
+        return max((r.state.fpr for r in self.shards.values() if r.state is not None), default=0.0)
+
+    @property
+    def stale(self) -> bool:
+        return any(r.stale for r in self.shards.values())
+
+
+@dataclass
+class Instance:
+    """Everything the RIB knows about one instance of one service."""
+
+    slot: int
+    cs_id: int
+    address: IPAddress
+    site_id: int
+    epoch_seq: tuple[int, int] = (0, 0)
+    metrics_ms: int = -1  # timestamp of the advertisement the metrics came from
+    heard_ms: int = 0  # when the RIB last accepted anything from it
+    block_size: int = 0
+    model_id: str = ""
+    prefill_tps: float = DEFAULT_PREFILL_TPS
+    backlog_tokens: float = 0.0
+    waiting: float = 0.0
+    tiers: dict[Tier, TierState] = field(default_factory=dict)
+    generation: int = 0
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Per key, the code of the fastest tier holding it, 0 where none does."""
+        where = np.zeros(keys.shape, dtype=np.int8)
+        for tier in sorted(self.tiers, reverse=True):  # slowest first, fastest overwrites
+            where[self.tiers[tier].contains_many(keys)] = int(tier)
+        return where
+
+    @property
+    def fpr(self) -> float:
+        return max((t.fpr for t in self.tiers.values()), default=0.0)
+
+    @property
+    def stale(self) -> bool:
+        return any(t.stale for t in self.tiers.values())
+
+
+@dataclass
+class AcceptResult:
+    instance: Instance
+    outcomes: list[tuple[Tier, tuple[int, int], str]]
+    metrics_updated: bool
+
+
+class ServiceTable:
+    """The instances of one CS-ID, in slots, with per-slot arrays for scoring."""
+
+    def __init__(self, cs_id: int, capacity: int = 16):
+        self.cs_id = cs_id
+        self.instances: list[Instance | None] = []
+        self.by_address: dict[IPAddress, Instance] = {}
+        self.generation = 0  # bumps on any summary change of any slot
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        old = len(getattr(self, "alive", ()))
+
+        def grow(arr: np.ndarray | None, dtype: type, fill: float) -> np.ndarray:
+            out = np.full(capacity, fill, dtype=dtype)
+            if arr is not None:
+                out[:old] = arr[:old]
+            return out
+
+        self.alive = grow(getattr(self, "alive", None), bool, False)
+        self.site = grow(getattr(self, "site", None), np.int64, -1)
+        self.prefill_tps = grow(getattr(self, "prefill_tps", None), np.float64, 1.0)
+        self.backlog_tokens = grow(getattr(self, "backlog_tokens", None), np.float64, 0.0)
+        self.slot_generation = grow(getattr(self, "slot_generation", None), np.int64, 0)
+        self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
+        self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
+
+    def slot_for(self, address: IPAddress, site_id: int) -> Instance:
+        inst = self.by_address.get(address)
+        if inst is not None:
+            if inst.site_id != site_id:
+                inst.site_id = site_id
+                self.site[inst.slot] = site_id
+            return inst
+        slot = next((i for i, x in enumerate(self.instances) if x is None), len(self.instances))
+        if slot == len(self.instances):
+            self.instances.append(None)
+        if slot >= len(self.alive):
+            self._alloc(2 * len(self.alive))
+        inst = Instance(slot, self.cs_id, address, site_id)
+        self.instances[slot] = inst
+        self.by_address[address] = inst
+        self.alive[slot] = True
+        self.site[slot] = site_id
+        self.prefill_tps[slot] = inst.prefill_tps
+        self.backlog_tokens[slot] = 0.0
+        self.metrics_ms[slot] = -1
+        self.touch(inst)
+        return inst
+
+    def touch(self, inst: Instance) -> None:
+        """Record that `inst`'s summaries changed (the key index re-probes it)."""
+        self.generation += 1
+        inst.generation = self.generation
+        self.slot_generation[inst.slot] = self.generation
+
+    def remove(self, address: IPAddress) -> Instance | None:
+        inst = self.by_address.pop(address, None)
+        if inst is None:
+            return None
+        self.instances[inst.slot] = None
+        self.alive[inst.slot] = False
+        self.touch(inst)
+        return inst
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances if i is not None]
+
+
+class RIB:
+    """Verified cache state per CS-ID, with freshness by hold time."""
+
+    def __init__(self, hold_time_ms: int = DEFAULT_HOLD_TIME_MS):
+        self.hold_time_ms = hold_time_ms
+        self.services: dict[int, ServiceTable] = {}
+        self.rejected: list[str] = []  # what could not be used, for logs and tests
+
+    def table(self, cs_id: int) -> ServiceTable:
+        table = self.services.get(cs_id)
+        if table is None:
+            table = self.services[cs_id] = ServiceTable(cs_id)
+        return table
+
+    def accept(self, adv: Advertisement, now_ms: int) -> AcceptResult:
+        """Merge one verified advertisement (one route: metrics and/or summary shards)."""
+        origin = adv.origin
+        table = self.table(origin.cs_id)
+        inst = table.slot_for(origin.address, origin.site_id)
+        inst.heard_ms = now_ms
+        table.heard_ms[inst.slot] = now_ms
+        seq = (adv.sequence.epoch, adv.sequence.sequence)
+        inst.epoch_seq = max(inst.epoch_seq, seq)
+        model = adv.cache_model
+        if model is not None:
+            inst.block_size, inst.model_id = model.block_size, model.model_id
+        metrics_updated = self._metrics(table, inst, adv)
+        outcomes = []
+        changed = False
+        summaries = adv.cache_summaries
+        for entry in summaries.entries if summaries else ():
+            tier = inst.tiers.get(entry.tier)
+            if tier is None:
+                tier = inst.tiers[entry.tier] = TierState(
+                    entry.tier,
+                    entry.bytes_per_block,
+                    entry.fetch_latency_us,
+                    entry.fetch_bandwidth_mbps,
+                )
+            tier.bytes_per_block = entry.bytes_per_block
+            tier.fetch_latency_us = entry.fetch_latency_us
+            tier.fetch_bandwidth_mbps = entry.fetch_bandwidth_mbps
+            shard = (entry.key_lo, entry.key_hi)
+            receiver = tier.shards.setdefault(shard, SummaryReceiver())
+            try:
+                outcome = receiver.apply_entry(entry)
+            except CodecError as exc:
+                self.rejected.append(f"{origin.address} {entry.tier.name.lower()} {shard}: {exc}")
+                outcomes.append((entry.tier, shard, f"rejected: {exc.reason}"))
+                continue
+            outcomes.append((entry.tier, shard, outcome.value))
+            changed |= outcome in (Outcome.SNAPSHOT, Outcome.DELTA, Outcome.STALE)
+        if changed:
+            table.touch(inst)
+        return AcceptResult(inst, outcomes, metrics_updated)
+
+    def _metrics(self, table: ServiceTable, inst: Instance, adv: Advertisement) -> bool:
+        l0 = adv.metrics_l0
+        if l0 is None or adv.timestamp_ms <= inst.metrics_ms:
+            return False
+        inst.metrics_ms = adv.timestamp_ms
+        for m in l0.metrics:
+            if m.metric_type == L0MetricType.PREFILL_THROUGHPUT and m.value > 0:
+                inst.prefill_tps = m.value
+            elif m.metric_type == L0MetricType.OUTSTANDING_PREFILL_TOKENS:
+                inst.backlog_tokens = max(0.0, m.value)
+            elif m.metric_type == L0MetricType.WAITING_REQUESTS:
+                inst.waiting = max(0.0, m.value)
+        table.prefill_tps[inst.slot] = inst.prefill_tps
+        table.backlog_tokens[inst.slot] = inst.backlog_tokens
+        table.metrics_ms[inst.slot] = inst.metrics_ms
+        return True
+
+    def withdraw(self, address: IPAddress, cs_id: int | None = None) -> int:
+        """Forget an origin (route withdrawn, RFC 7606 treat-as-withdraw, or expiry)."""
+        tables = (
+            [self.services[cs_id]]
+            if cs_id in self.services
+            else (list(self.services.values()) if cs_id is None else [])
+        )
+        return sum(t.remove(address) is not None for t in tables)
+
+    def expire(self, now_ms: int) -> list[Instance]:
+        """Drop instances not heard from within the hold time."""
+        gone = []
+        for table in self.services.values():
+            for inst in table.live():
+                if now_ms - inst.heard_ms > self.hold_time_ms:
+                    table.remove(inst.address)
+                    gone.append(inst)
+        return gone

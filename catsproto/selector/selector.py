@@ -1,0 +1,387 @@
+"""The CATS path selector: one time-to-first-token estimate per instance, the cheapest wins.
+
+Strategy. For a request (CS-ID, the prompt's block keys, its length, the ingress) every
+live instance gets an estimate, in milliseconds:
+
+    ttft = path RTT + upload + queue wait + KV fetch + prefill of what is not cached
+
+- path RTT and upload come from the network graph between the ingress and the
+  instance's site (delay × 2; prompt bytes ÷ bottleneck bandwidth);
+- queue wait is (advertised outstanding prefill tokens + tokens this selector has sent
+  there since that advertisement) ÷ advertised prefill rate. Counting our own recent
+  decisions is what keeps a hot prefix from herding every request onto its holder
+  before the holder's next advertisement says it is busy (bounded, deterministic);
+- the cached prefix is the longest run of the request's keys in the instance's
+  summaries; a run of k hits under a filter with false-positive rate p is worth
+  k − p/(1−p) blocks in expectation (the tail of a run may be false positives), and a
+  stale summary (a delta that could not be applied) counts half;
+- KV fetch is the cost of bringing the cached blocks from their tier (latency once per
+  tier used, bytes ÷ tier bandwidth); HBM is free;
+- alternatively an instance may compute while pulling the longest cached prefix held
+  anywhere from its holder: one-way delay between the sites + bytes ÷ bottleneck of path
+  and source tier. Whichever is cheaper is that instance's estimate.
+
+Scores are computed for all instances at once on the service table's arrays; only
+instances holding part of the prefix get individual work. The decision carries every
+term for the chosen instance and the runner-up. Pure: `now_ms` comes in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catsproto.selector.index import KeyIndex
+from catsproto.selector.network import Network, Path
+from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
+from catsproto.wire import Tier
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Request:
+    cs_id: int
+    block_keys: np.ndarray  # uint64, prompt order
+    prompt_tokens: int
+    ingress: str
+
+    def __post_init__(self) -> None:
+        keys = np.asarray(self.block_keys, dtype=np.uint64).reshape(-1)
+        object.__setattr__(self, "block_keys", keys)
+        if self.prompt_tokens < 0:
+            raise ValueError("prompt_tokens must be >= 0")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Every term of one candidate's time-to-first-token estimate (ms unless noted)."""
+
+    address: IPAddress
+    site_id: int
+    path: tuple[str, ...]
+    rtt_ms: float
+    upload_ms: float
+    queue_ms: float
+    cached_blocks: int  # leading request blocks found in the summaries used
+    expected_cached_blocks: float  # after pricing false positives and staleness
+    fpr: float
+    stale: bool
+    kv_source: IPAddress | None  # another instance the prefix is pulled from, if any
+    fetch_ms: float
+    prefill_ms: float
+    total_ms: float
+
+    def terms(self) -> dict[str, object]:
+        return {
+            "instance": str(self.address),
+            "site": self.site_id,
+            "path": list(self.path),
+            "rtt_ms": round(self.rtt_ms, 3),
+            "upload_ms": round(self.upload_ms, 3),
+            "queue_ms": round(self.queue_ms, 3),
+            "cached_blocks": self.cached_blocks,
+            "expected_cached_blocks": round(self.expected_cached_blocks, 3),
+            "fpr": self.fpr,
+            "stale": self.stale,
+            "kv_source": str(self.kv_source) if self.kv_source else None,
+            "fetch_ms": round(self.fetch_ms, 3),
+            "prefill_ms": round(self.prefill_ms, 3),
+            "ttft_ms": round(self.total_ms, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    chosen: Estimate
+    runner_up: Estimate | None
+    candidates: int
+
+    def explain(self) -> str:
+        lines = []
+        for label, est in (("chosen", self.chosen), ("runner-up", self.runner_up)):
+            if est is None:
+                continue
+            source = f", KV from {est.kv_source}" if est.kv_source else ""
+            lines.append(
+                f"{label}: {est.address} (site {est.site_id}) ttft {est.total_ms:.1f} ms = "
+                f"rtt {est.rtt_ms:.1f} + upload {est.upload_ms:.1f} + queue {est.queue_ms:.1f}"
+                f" + fetch {est.fetch_ms:.1f} + prefill {est.prefill_ms:.1f}; "
+                f"cached {est.cached_blocks} blocks (expected {est.expected_cached_blocks:.2f}, "
+                f"fpr {est.fpr:.3g}{', stale' if est.stale else ''}{source}); "
+                f"path {' > '.join(est.path)}"
+            )
+        return "\n".join(lines)
+
+
+@dataclass
+class SelectorConfig:
+    site_nodes: Mapping[int, str] = field(default_factory=dict)  # site id → graph node
+    request_bytes_per_token: float = 4.0
+    stale_confidence: float = 0.5
+    allow_remote_kv: bool = True
+    default_block_size: int = 512
+
+    def node_of(self, site_id: int) -> str:
+        return self.site_nodes.get(site_id, f"site{site_id}")
+
+
+class NoInstanceError(LookupError):
+    """No live, reachable instance serves the requested CS-ID."""
+
+
+@dataclass
+class _Pending:
+    """Prefill tokens this selector sent to each slot, not yet in its advertised load."""
+
+    tokens: np.ndarray
+    seen_metrics_ms: np.ndarray
+    log: list[deque[tuple[int, float]]]
+
+
+def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
+    total = 0.0
+    for code in np.unique(tiers).tolist():
+        if code in (0, Tier.HBM):
+            continue
+        t = inst.tiers[Tier(code)]
+        blocks = int(np.count_nonzero(tiers == code))
+        total += t.fetch_latency_us / 1000 + _transfer_ms(
+            blocks * t.bytes_per_block, t.fetch_bandwidth_mbps
+        )
+    return total
+
+
+def _transfer_ms(nbytes: float, mbps: float) -> float:
+    return 0.0 if mbps == INF or nbytes == 0 else nbytes * 8 / (mbps * 1000)
+
+
+class PathSelector:
+    def __init__(self, rib: RIB, network: Network, config: SelectorConfig | None = None):
+        self.rib = rib
+        self.network = network
+        self.config = config or SelectorConfig()
+        self._index: dict[int, KeyIndex] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._site_paths: dict[tuple[str, int], Path | None] = {}
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _path(self, node: str, site_id: int) -> Path | None:
+        key = (node, site_id)
+        if key not in self._site_paths:
+            self._site_paths[key] = self.network.path(node, self.config.node_of(site_id))
+        return self._site_paths[key]
+
+    def _site_vectors(self, node: str, sites: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One-way delay and bottleneck bandwidth from `node` to each entry's site."""
+        uniq, inverse = np.unique(sites, return_inverse=True)
+        delay = np.empty(len(uniq))
+        bw = np.empty(len(uniq))
+        for i, site in enumerate(uniq.tolist()):
+            p = self._path(node, site)
+            delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
+        return delay[inverse], bw[inverse]
+
+    def _pending_for(self, table: ServiceTable) -> np.ndarray:
+        n = len(table.alive)
+        pend = self._pending.get(table.cs_id)
+        if pend is None or len(pend.tokens) < n:
+            old = pend
+            pend = _Pending(
+                np.zeros(n), np.full(n, -1, dtype=np.int64), [deque() for _ in range(n)]
+            )
+            if old is not None:
+                m = len(old.tokens)
+                pend.tokens[:m], pend.seen_metrics_ms[:m], pend.log[:m] = (
+                    old.tokens,
+                    old.seen_metrics_ms,
+                    old.log,
+                )
+            self._pending[table.cs_id] = pend
+        # An advertisement newer than a decision already counts that decision's work.
+        for slot in np.nonzero(table.metrics_ms[:n] != pend.seen_metrics_ms)[0].tolist():
+            log = pend.log[slot]
+            while log and log[0][0] <= table.metrics_ms[slot]:
+                pend.tokens[slot] -= log.popleft()[1]
+            if not table.alive[slot]:
+                log.clear()
+                pend.tokens[slot] = 0.0
+            pend.seen_metrics_ms[slot] = table.metrics_ms[slot]
+        return pend.tokens
+
+    # ---- the decision ------------------------------------------------------------------
+
+    def decide(self, request: Request, now_ms: int) -> Decision:
+        cfg = self.config
+        table = self.rib.services.get(request.cs_id)
+        if table is None:
+            raise NoInstanceError(f"no advertisement for CS-ID {request.cs_id}")
+        n = len(table.instances)
+        live = table.alive[:n] & (now_ms - table.heard_ms[:n] <= self.rib.hold_time_ms)
+        slots = np.nonzero(live)[0]
+        if len(slots) == 0:
+            raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
+        pending = self._pending_for(table)
+        delay, bw = self._site_vectors(request.ingress, table.site[slots])
+        tps = table.prefill_tps[slots]
+        rtt = 2 * delay
+        upload = request.prompt_tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
+        queue = (table.backlog_tokens[slots] + pending[slots]) / tps * 1000
+        prefill_full = request.prompt_tokens / tps * 1000
+        base = rtt + upload + queue
+        total = base + prefill_full
+        fetch = np.zeros(len(slots))
+        prefill = prefill_full.copy()
+        cached = np.zeros(len(slots), dtype=np.int64)
+        expected = np.zeros(len(slots))
+        source_slot = np.full(len(slots), -1, dtype=np.int64)
+
+        index = self._index.get(table.cs_id)
+        if index is None or index.table is not table:
+            index = self._index[table.cs_id] = KeyIndex(table)
+        candidates = 0
+        for s in slots.tolist():
+            candidates |= 1 << s
+        keys = request.block_keys
+        position = {s: i for i, s in enumerate(slots.tolist())}
+        best_src: tuple[float, int, float, float] | None = None  # (-expected, slot, tok, fetch)
+        if len(keys):
+            for slot, k in index.prefix_lengths(keys, candidates).items():
+                inst = table.instances[slot]
+                assert inst is not None
+                i = position[slot]
+                tiers = inst.lookup(keys[:k])
+                block = inst.block_size or cfg.default_block_size
+                p = inst.fpr
+                exp_blocks = max(0.0, k - p / (1 - p)) if p < 1 else 0.0
+                if inst.stale:
+                    exp_blocks *= cfg.stale_confidence
+                cached_tokens = min(request.prompt_tokens, exp_blocks * block)
+                cached[i], expected[i] = k, exp_blocks
+                fetch[i] = _tier_fetch_ms(inst, tiers)
+                prefill[i] = (request.prompt_tokens - cached_tokens) / tps[i] * 1000
+                total[i] = base[i] + fetch[i] + prefill[i]
+                cand = (-exp_blocks, slot, cached_tokens, fetch[i])
+                if best_src is None or cand < best_src:
+                    best_src = cand
+        if cfg.allow_remote_kv and best_src is not None and best_src[2] > 0:
+            self._consider_remote(
+                table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot
+            )
+        order = np.argsort(total, kind="stable")[:2]
+        best = self._estimate(
+            table,
+            slots,
+            int(order[0]),
+            request,
+            rtt,
+            upload,
+            queue,
+            cached,
+            expected,
+            fetch,
+            prefill,
+            total,
+            source_slot,
+        )
+        if not np.isfinite(best.total_ms):
+            raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
+        runner = None
+        if len(order) > 1:
+            runner = self._estimate(
+                table,
+                slots,
+                int(order[1]),
+                request,
+                rtt,
+                upload,
+                queue,
+                cached,
+                expected,
+                fetch,
+                prefill,
+                total,
+                source_slot,
+            )
+        chosen_slot = int(slots[order[0]])
+        tokens = best.prefill_ms / 1000 * tps[order[0]]
+        pending[chosen_slot] += tokens
+        self._pending[table.cs_id].log[chosen_slot].append((now_ms, tokens))
+        return Decision(best, runner, len(slots))
+
+    def _consider_remote(
+        self, table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot
+    ) -> None:
+        _, src_slot, cached_tokens, _ = best_src
+        src = table.instances[src_slot]
+        assert src is not None
+        node = self.config.node_of(src.site_id)
+        delay, bw = self._site_vectors(node, table.site[slots])
+        keys = request.block_keys
+        block = src.block_size or self.config.default_block_size
+        nblocks = int(np.ceil(cached_tokens / block))
+        tiers = src.lookup(keys[:nblocks])
+        tier_bw = min(
+            (src.tiers[Tier(c)].fetch_bandwidth_mbps for c in np.unique(tiers).tolist() if c),
+            default=INF,
+        )
+        bpb = max((t.bytes_per_block for t in src.tiers.values()), default=0)
+        latency = max(
+            (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in np.unique(tiers).tolist() if c),
+            default=0.0,
+        )
+        link_bw = np.minimum(bw, tier_bw)
+        pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
+        remote_prefill = (request.prompt_tokens - cached_tokens) / tps * 1000
+        remote_total = base + pull + remote_prefill
+        better = remote_total < total
+        better[np.nonzero(slots == src_slot)[0]] = False
+        total[better] = remote_total[better]
+        fetch[better] = pull[better]
+        prefill[better] = remote_prefill[better]
+        source_slot[better] = src_slot
+
+    def _estimate(
+        self,
+        table,
+        slots,
+        i,
+        request,
+        rtt,
+        upload,
+        queue,
+        cached,
+        expected,
+        fetch,
+        prefill,
+        total,
+        source_slot,
+    ) -> Estimate:
+        inst = table.instances[int(slots[i])]
+        assert inst is not None
+        path = self._path(request.ingress, inst.site_id)
+        src = table.instances[int(source_slot[i])] if source_slot[i] >= 0 else None
+        return Estimate(
+            address=inst.address,
+            site_id=inst.site_id,
+            path=path.nodes if path else (),
+            rtt_ms=float(rtt[i]),
+            upload_ms=float(upload[i]),
+            queue_ms=float(queue[i]),
+            cached_blocks=int(cached[i]),
+            expected_cached_blocks=float(expected[i]),
+            fpr=inst.fpr,
+            stale=inst.stale,
+            kv_source=src.address if src else None,
+            fetch_ms=float(fetch[i]),
+            prefill_ms=float(prefill[i]),
+            total_ms=float(total[i]),
+        )
+
+
+def decide_many(selector: PathSelector, requests: Sequence[Request], now_ms: int) -> list[Decision]:
+    return [selector.decide(r, now_ms) for r in requests]

@@ -1,0 +1,177 @@
+"""The path selector's cost model on hand-worked cases, each term checked."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import numpy as np
+import pytest
+
+from catsproto import wire
+from catsproto.selector import RIB, Link, Network, NoInstanceError, PathSelector, Request
+from catsproto.selector.selector import SelectorConfig
+from tests.selector_fixtures import BLOCK, BYTES_PER_BLOCK, advert, entry
+
+KEYS = np.arange(1000, 1016, dtype=np.uint64)  # a 16-block prompt
+TOKENS = 16 * BLOCK  # 8192
+UPLOAD_10G = TOKENS * 4 * 8 / (10_000 * 1000)  # ms at 10 Gbit/s
+
+
+def two_sites() -> Network:
+    return Network(
+        [
+            Link("ingress", "site1", delay_ms=5, bandwidth_mbps=10_000),
+            Link("ingress", "site2", delay_ms=20, bandwidth_mbps=10_000),
+        ]
+    )
+
+
+def test_farther_site_with_the_whole_prefix_beats_the_nearest_without_cache():
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)]), now_ms=1000)
+    sel = PathSelector(rib, two_sites())
+    d = sel.decide(Request(7, KEYS, TOKENS, "ingress"), now_ms=1000)
+
+    far, near = d.chosen, d.runner_up
+    assert str(far.address) == "10.0.2.1" and far.path == ("ingress", "site2")
+    assert far.rtt_ms == 40 and far.upload_ms == pytest.approx(UPLOAD_10G)
+    assert far.queue_ms == 0 and far.fetch_ms == 0  # HBM
+    assert far.cached_blocks == 16 and far.expected_cached_blocks == 16 and far.prefill_ms == 0
+    assert far.total_ms == pytest.approx(40 + UPLOAD_10G)
+
+    # The near one would compute everything (819.2 ms) or pull 1 GiB over 25 ms of path.
+    assert str(near.address) == "10.0.1.1" and near.rtt_ms == 10
+    pull = 25 + 0.005 + 16 * BYTES_PER_BLOCK * 8 / (10_000 * 1000)
+    assert near.prefill_ms == pytest.approx(TOKENS / 10_000 * 1000)
+    assert near.kv_source is None and near.total_ms == pytest.approx(10 + UPLOAD_10G + 819.2)
+    assert pull > 819.2  # which is why it does not pull
+    assert "chosen: 10.0.2.1" in d.explain()
+
+
+def test_overloaded_holder_loses_to_an_idle_instance_pulling_its_prefix():
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 400_000),  # a fat inter-site link
+        ]
+    )
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], backlog=100_000), now_ms=1000)  # 10 s queue
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    d = PathSelector(rib, net).decide(Request(7, KEYS, TOKENS, "ingress"), now_ms=1000)
+    c = d.chosen
+    assert str(c.address) == "10.0.2.1" and str(c.kv_source) == "10.0.1.1"
+    pull = 1 + 0.005 + 16 * BYTES_PER_BLOCK * 8 / (400_000 * 1000)
+    assert c.fetch_ms == pytest.approx(pull) and c.prefill_ms == 0
+    assert c.total_ms == pytest.approx(10 + UPLOAD_10G + pull)
+    assert d.runner_up.queue_ms == pytest.approx(10_000)  # the holder, 100k tokens behind
+
+
+def test_stale_summary_counts_half():
+    rib = RIB()
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS, version=1)]), now_ms=1000)
+    # a delta on version 5, which this receiver never saw: state kept, marked stale
+    delta = entry(
+        KEYS[:1],
+        kind=wire.SummaryKind.DELTA,
+        version=6,
+        base_version=5,
+        summary=__import__("catsproto.summary", fromlist=["DeltaSummary"]).DeltaSummary.between(
+            KEYS, KEYS[:15]
+        ),
+    )
+    res = rib.accept(advert("10.0.2.1", 2, [delta], seq=2, ts=1001), now_ms=1001)
+    assert res.outcomes[0][2].startswith("delta on a base not held")
+    d = PathSelector(rib, two_sites()).decide(Request(7, KEYS, TOKENS, "ingress"), now_ms=1001)
+    assert d.chosen.stale and d.chosen.cached_blocks == 16
+    assert d.chosen.expected_cached_blocks == 8
+    assert d.chosen.prefill_ms == pytest.approx(8 * BLOCK / 10_000 * 1000)
+
+
+def test_false_positive_rate_is_priced_into_the_prefix():
+    rib = RIB()
+    e = entry(KEYS, kind=wire.SummaryKind.BLOOM, fpr=0.05)
+    rib.accept(advert("10.0.2.1", 2, [e]), now_ms=1000)
+    d = PathSelector(rib, two_sites()).decide(Request(7, KEYS, TOKENS, "ingress"), now_ms=1000)
+    p = d.chosen.fpr
+    assert 0 < p < 0.2  # the filter's own estimate from its fill, near the 5% target
+    assert d.chosen.cached_blocks == 16
+    assert d.chosen.expected_cached_blocks == pytest.approx(16 - p / (1 - p))
+    uncached = TOKENS - d.chosen.expected_cached_blocks * BLOCK
+    assert d.chosen.prefill_ms == pytest.approx(uncached / 10_000 * 1000)
+
+
+def test_false_positive_beyond_the_real_prefix_only_extends_it():
+    """Keys past the held prefix are misses; the run stops at the first miss."""
+    rib = RIB()
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS[:10])]), now_ms=1000)
+    d = PathSelector(rib, two_sites()).decide(Request(7, KEYS, TOKENS, "ingress"), now_ms=1000)
+    assert d.chosen.cached_blocks == 10
+
+
+def test_slower_tiers_cost_their_latency_and_bandwidth():
+    rib = RIB()
+    hbm = entry(KEYS[:4])
+    ssd = entry(KEYS, tier=wire.Tier.SSD, latency_us=400, mbps=25_000)
+    rib.accept(advert("10.0.2.1", 2, [hbm, ssd]), now_ms=1000)
+    d = PathSelector(rib, two_sites(), SelectorConfig(allow_remote_kv=False)).decide(
+        Request(7, KEYS, TOKENS, "ingress"), now_ms=1000
+    )
+    # 4 blocks in HBM (free), 12 from SSD: 0.4 ms + 12 x 64 MiB at 25 Gbit/s
+    assert d.chosen.fetch_ms == pytest.approx(0.4 + 12 * BYTES_PER_BLOCK * 8 / (25_000 * 1000))
+
+
+def test_hot_prefix_spreads_instead_of_herding():
+    """Many requests for one prefix before the holder's next advertisement: our own
+    decisions count as backlog, so later requests go elsewhere (pulling the prefix)."""
+    net = Network(
+        [Link("ingress", f"site{i}", 5, 10_000) for i in (1, 2, 3)]
+        + [Link("site1", "site2", 1, 400_000), Link("site1", "site3", 1, 400_000)]
+    )
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)]), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    rib.accept(advert("10.0.3.1", 3), now_ms=1000)
+    sel = PathSelector(rib, net)
+    long_prompt = TOKENS + 40 * BLOCK  # 16 cached blocks + 40 new ones each time
+    chosen = [
+        str(sel.decide(Request(7, KEYS, long_prompt, "ingress"), now_ms=1000).chosen.address)
+        for _ in range(30)
+    ]
+    counts = {a: chosen.count(a) for a in set(chosen)}
+    assert len(counts) == 3 and max(counts.values()) <= 12, counts
+    # A new advertisement from the holder that includes that work resets our count.
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], seq=2, ts=2000, backlog=0), now_ms=2000)
+    d = sel.decide(Request(7, KEYS, long_prompt, "ingress"), now_ms=2000)
+    assert str(d.chosen.address) == "10.0.1.1" and d.chosen.queue_ms == 0
+
+
+def test_expired_and_withdrawn_instances_are_not_chosen():
+    rib = RIB(hold_time_ms=5000)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)]), now_ms=1000)
+    rib.accept(advert("10.0.1.1", 1), now_ms=5000)
+    sel = PathSelector(rib, two_sites())
+    assert str(sel.decide(Request(7, KEYS, TOKENS, "ingress"), 5000).chosen.address) == "10.0.2.1"
+    assert str(sel.decide(Request(7, KEYS, TOKENS, "ingress"), 6500).chosen.address) == "10.0.1.1"
+    assert rib.withdraw(ipaddress.ip_address("10.0.1.1")) == 1
+    with pytest.raises(NoInstanceError):
+        sel.decide(Request(7, KEYS, TOKENS, "ingress"), 6500)
+    with pytest.raises(NoInstanceError):
+        sel.decide(Request(99, KEYS, TOKENS, "ingress"), 6500)
+
+
+def test_index_follows_summary_changes():
+    rib = RIB()
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)]), now_ms=1000)
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    sel = PathSelector(rib, two_sites())
+    req = Request(7, KEYS, TOKENS, "ingress")
+    assert sel.decide(req, 1000).chosen.cached_blocks == 16
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS[:3], version=2)], seq=2, ts=1001), now_ms=1001)
+    d = sel.decide(req, 1001)
+    assert str(d.chosen.address) == "10.0.2.1" and d.chosen.cached_blocks == 3
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS, version=1)], seq=2, ts=1002), now_ms=1002)
+    d = sel.decide(req, 1002)
+    assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 16
