@@ -1,0 +1,244 @@
+"""Test vectors for signing, delegation and sealing (tests/vectors/security.json).
+
+Deterministic: keys come from fixed seeds (SHA-256 of a label), nonces are fixed, the
+clock is `T0_MS`. The `receive` list is a scripted session against one receiver, each
+step with the reason it must end in stated by hand; `security_vectors()` refuses to
+produce a file in which the code disagrees. Pure: the caller writes the file
+(``catsproto vectors`` or the one-liner in docs/security.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+
+from catsproto import wire
+from catsproto.examples import T0_MS, examples
+from catsproto.security.errors import Reason
+from catsproto.security.identity import SigningKey
+from catsproto.security.receiver import Receiver
+from catsproto.security.sealing import GroupKey, GroupKeyring, associated_data, seal
+from catsproto.security.signing import sign, signed_message
+from catsproto.security.trust import TrustStore, authorise, delegation_message, delegation_to_json
+from catsproto.wire import Advertisement, Sequence, Timestamp
+from catsproto.wire.fields import JSON
+
+DAY_MS = 86_400_000
+NOW_MS = T0_MS + 43_000
+NLRI = ipaddress.ip_network("10.0.1.0/24")
+OTHER_NLRI = ipaddress.ip_network("10.0.2.0/24")
+NLRI6 = ipaddress.ip_network("2001:db8:100::/48")
+
+
+def seed(label: str) -> bytes:
+    return hashlib.sha256(f"catsproto test key {label}".encode()).digest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixture:
+    """The keys, delegation and advertisement every security test starts from."""
+
+    operator: SigningKey
+    node: SigningKey
+    stranger: SigningKey
+    group: GroupKeyring
+    delegation: wire.Delegation
+    trust: TrustStore
+    base: Advertisement  # unsigned, cache-state example, timestamp T0 + 42 s, seq (1, 42)
+
+    def at(self, epoch: int, sequence: int, ms: int | None = None) -> Advertisement:
+        return self.base.replace(
+            Sequence(epoch, sequence), Timestamp(NOW_MS - 1000 if ms is None else ms)
+        )
+
+
+def fixture() -> Fixture:
+    operator = SigningKey.from_seed(seed("operator"))
+    node = SigningKey.from_seed(seed("node"))
+    delegation = authorise(
+        operator,
+        node.public.raw,
+        cs_ids=[100, 200],
+        routes=["10.0.0.0/16", "2001:db8:100::/40"],
+        addresses=["192.0.2.0/24", "2001:db8::/64"],
+        not_before_ms=T0_MS - DAY_MS,
+        not_after_ms=T0_MS + 30 * DAY_MS,
+    )
+    trust = TrustStore().with_operator(operator.public.raw, "operator-1")
+    return Fixture(
+        operator=operator,
+        node=node,
+        stranger=SigningKey.from_seed(seed("stranger")),
+        group=GroupKeyring(GroupKey.of(7, seed("group-7"))),
+        delegation=delegation,
+        trust=trust.with_delegation(delegation),
+        base=examples()[2].advertisement.without(wire.TLVType.SIGNATURE),
+    )
+
+
+def tlv_offset(value: bytes, tlv_type: int) -> int:
+    """Where the TLV of `tlv_type` starts in a canonical attribute value."""
+    pos = 0
+    while pos < len(value):
+        t, n = (
+            int.from_bytes(value[pos : pos + 2], "big"),
+            int.from_bytes(value[pos + 2 : pos + 4], "big"),
+        )
+        if t == tlv_type:
+            return pos
+        pos += 4 + n
+    raise ValueError(f"no TLV of type {tlv_type}")
+
+
+def summary_body_offset(value: bytes) -> int:
+    """Where the first summary entry's body starts in a value holding one."""
+    entry_body = 4 + 2 + 42 + 1  # TLV header, entry length, fixed fields, params length
+    at = tlv_offset(value, wire.TLVType.CACHE_SUMMARIES) + entry_body
+    return at + value[at - 1]
+
+
+def _signed_vector(name: str, adv: Advertisement, f: Fixture, nlri, note: str) -> JSON:
+    unsigned = wire.encode(adv)
+    signed = sign(adv, f.node, nlri)
+    value = wire.encode(signed)
+    return {
+        "name": name,
+        "description": note,
+        "nlri": str(nlri),
+        "attribute_type": wire.DEFAULT_ATTRIBUTE_TYPE,
+        "unsigned_value": unsigned.hex(),
+        "signed_message": signed_message(unsigned, nlri).hex(),
+        "signature": signed.signature.signature.hex(),  # type: ignore[union-attr]
+        "value": value.hex(),
+        "attribute": wire.encode_attribute(value).hex(),
+    }
+
+
+def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
+    """(name, value, nlri, now, expected reason), applied in order to one receiver."""
+    good = wire.encode(sign(f.at(1, 42), f.node, NLRI))
+    other_content = wire.encode(sign(f.at(1, 42).replace(wire.MetricsL2(9)), f.node, NLRI))
+    unsigned = wire.encode(f.at(1, 43))
+    flipped = bytearray(good)
+    flipped[summary_body_offset(good) + 3] ^= 0x01
+    return [
+        ("accept", good, NLRI, NOW_MS, Reason.OK),
+        ("duplicate", good, NLRI, NOW_MS, Reason.DUPLICATE),
+        ("same-sequence-other-content", other_content, NLRI, NOW_MS, Reason.EQUIVOCATION),
+        (
+            "older-sequence",
+            wire.encode(sign(f.at(1, 41), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.REPLAYED,
+        ),
+        ("moved-to-other-route", good, OTHER_NLRI, NOW_MS, Reason.BAD_SIGNATURE),
+        ("bit-flipped-in-summary", bytes(flipped), NLRI, NOW_MS, Reason.BAD_SIGNATURE),
+        ("signature-removed", unsigned, NLRI, NOW_MS, Reason.UNSIGNED),
+        (
+            "unknown-key",
+            wire.encode(sign(f.at(1, 44), f.stranger, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.UNKNOWN_KEY,
+        ),
+        (
+            "stale",
+            wire.encode(sign(f.at(1, 45, NOW_MS - 200_000), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.STALE_TIMESTAMP,
+        ),
+        ("after-expiry", good, NLRI, T0_MS + 31 * DAY_MS, Reason.KEY_EXPIRED),
+        (
+            "restart-new-epoch",
+            wire.encode(sign(f.at(2, 0), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.OK,
+        ),
+        ("old-epoch-after-restart", good, NLRI, NOW_MS, Reason.REPLAYED),
+    ]
+
+
+def _tlv_value(tlv: wire.TLV) -> bytes:
+    w = wire.Writer()
+    tlv.encode_into(w)
+    return w.getvalue()
+
+
+def security_vectors() -> JSON:
+    """The content of tests/vectors/security.json."""
+    f = fixture()
+    nonce = hashlib.sha256(b"catsproto test nonce").digest()[:12]
+    sealed = seal(f.at(1, 42), f.group, nonce)
+    sealed_tlv = sealed.get(wire.SealedCache)
+    assert sealed_tlv is not None
+    inner = wire.Writer()
+    for t in f.at(1, 42).tlvs:
+        if 32 <= t.type <= 35:
+            t.encode_tlv(inner)
+    v6 = f.at(1, 42).replace(
+        wire.Origin(200, 4, ipaddress.ip_address("2001:db8::11")), f.delegation
+    )
+    advertisements = [
+        _signed_vector("signed", f.at(1, 42), f, NLRI, "The cache-state example, signed."),
+        {
+            **_signed_vector(
+                "sealed-signed",
+                sealed,
+                f,
+                NLRI,
+                "Cache section (types 32-35) sealed under group key 7, then signed.",
+            ),
+            "group_key_id": f.group.active.key_id,
+            "nonce": nonce.hex(),
+            "plaintext": inner.getvalue().hex(),
+            "associated_data": associated_data(
+                sealed, sealed_tlv.algorithm, sealed_tlv.key_id
+            ).hex(),
+            "opened_value": wire.encode(f.at(1, 42)).hex(),
+        },
+        _signed_vector(
+            "delegated-ipv6",
+            v6,
+            f,
+            NLRI6,
+            "IPv6 instance and route, the delegation carried in-band.",
+        ),
+    ]
+    receiver = Receiver(f.trust)
+    steps = []
+    for name, value, nlri, now, want in _receive_script(f):
+        verdict, receiver = receiver.receive(value, nlri, now)  # type: ignore[arg-type]
+        if verdict.reason is not want:
+            raise AssertionError(f"receive step {name}: expected {want}, got {verdict}")
+        steps.append(
+            {
+                "name": name,
+                "value": value.hex(),
+                "nlri": str(nlri),
+                "now_ms": now,
+                "reason": want.value,
+            }
+        )
+    return {
+        "keys": {
+            name: {
+                "seed": key.seed.hex(),
+                "public_key": key.public.raw.hex(),
+                "key_id": key.key_id.hex(),
+            }
+            for name, key in (("operator", f.operator), ("node", f.node))
+        },
+        "group_key": {"key_id": f.group.active.key_id, "secret": f.group.active.secret.hex()},
+        "delegation": {
+            "json": delegation_to_json(f.delegation),
+            "tlv_value": _tlv_value(f.delegation).hex(),
+            "signed_message": delegation_message(f.delegation).hex(),
+        },
+        "trust_file": f.trust.to_json(),
+        "advertisements": advertisements,
+        "receive": steps,
+    }
