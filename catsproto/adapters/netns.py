@@ -94,6 +94,13 @@ class NetnsLab:
         self._popen: dict[int, subprocess.Popen] = {}
         self.save()
 
+    @classmethod
+    def attach(cls, state: State) -> NetnsLab:
+        """A handle on a lab built by another process, from its saved state."""
+        lab = cls.__new__(cls)
+        lab.tag, lab.run_dir, lab.state, lab._popen = state.tag, Path(state.run_dir), state, {}
+        return lab
+
     # ---- names ---------------------------------------------------------------------
     def ns(self, node: str) -> str:
         return f"{self.tag}-{node}"

@@ -1,0 +1,285 @@
+"""Receive advertisements from ExaBGP's JSON API and keep a RIB of verified cache state.
+
+Strategy: ExaBGP runs this as `process rx { run python -m
+catsproto.adapters.exabgp_receive --out DIR; encoder json; }` with
+`api { processes [ rx ]; receive { parsed; update; } neighbor-changes; }`. Each stdin
+line is one JSON message. `parse_message` (pure) turns it into events: per announced
+prefix the raw attribute value, found by *type code* whatever flags transit routers set
+(`attribute-0xFF-0xC0`, `-0xE0` with Partial, `-0xF0` with Extended Length too); per
+withdrawn prefix a withdrawal; per neighbor state change a session event. `CacheRib`
+(pure) applies them, keyed by (peer, route): a value that fails to decode or verify is
+RFC 7606 treat-as-withdraw of the state that route carried — that origin's cache state,
+nobody else's — and the BGP session is untouched; a session going down withdraws that
+peer's routes. A sink (`on_change`) receives every change, which is where the
+selector's RIB plugs in; `main` writes changes as JSON lines and a snapshot file.
+
+ExaBGP reads this process's stdout as commands, so nothing here ever writes to it:
+`main` points `sys.stdout` at stderr before doing anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from catsproto import wire
+from catsproto.wire import DEFAULT_ATTRIBUTE_TYPE
+
+_ATTRIBUTE_KEY = re.compile(r"^attribute-0x([0-9A-Fa-f]{2})-0x([0-9A-Fa-f]{2})$")
+Prefix = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+# ---- events -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Announced:
+    peer: str
+    prefix: Prefix
+    flags: int | None  # None: the route carried no cache attribute
+    value: bytes | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Withdrawn:
+    peer: str
+    prefix: Prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    peer: str
+    state: str  # connected, up, down
+
+
+Event = Announced | Withdrawn | Session
+
+
+def find_attribute(attributes: dict[str, Any], type_code: int) -> tuple[int, bytes] | None:
+    """(flags, value) of the attribute of `type_code` in ExaBGP's JSON, any flags."""
+    for key, raw in attributes.items():
+        m = _ATTRIBUTE_KEY.match(key)
+        if m and int(m.group(1), 16) == type_code and isinstance(raw, str):
+            text = raw[2:] if raw[:2].lower() == "0x" else raw
+            return int(m.group(2), 16), bytes.fromhex(text)
+    return None
+
+
+def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) -> list[Event]:
+    """Events in one ExaBGP JSON message (anything else, e.g. End-of-RIB, gives none)."""
+    neighbor = obj.get("neighbor") or {}
+    peer = str((neighbor.get("address") or {}).get("peer", "?"))
+    if obj.get("type") == "state":
+        return [Session(peer, str(neighbor.get("state", "?")))]
+    if obj.get("type") != "update":
+        return []
+    update = (neighbor.get("message") or {}).get("update") or {}
+    events: list[Event] = []
+    for routes in (update.get("withdraw") or {}).values():
+        events.extend(Withdrawn(peer, ipaddress.ip_network(r["nlri"])) for r in routes)
+    found = find_attribute(update.get("attribute") or {}, type_code)
+    flags, value = found if found else (None, None)
+    for by_next_hop in (update.get("announce") or {}).values():
+        for routes in by_next_hop.values():
+            events.extend(
+                Announced(peer, ipaddress.ip_network(r["nlri"]), flags, value) for r in routes
+            )
+    return events
+
+
+# ---- the RIB ------------------------------------------------------------------------
+
+
+class Verifier(Protocol):
+    """Checks one value on one route; returns the reason for refusing it, or None.
+
+    `catsproto.security` plugs in here (signature, trust, replay); without one,
+    decoding is the only check and entries are marked unverified.
+    """
+
+    def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> str | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """The accepted state a route carries."""
+
+    peer: str
+    prefix: Prefix
+    advertisement: wire.Advertisement
+    value: bytes
+    flags: int
+    verified: bool
+    received_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        adv = self.advertisement
+        return {
+            "peer": self.peer,
+            "prefix": str(self.prefix),
+            "origin": str(adv.origin.address),
+            "cs_id": adv.origin.cs_id,
+            "site_id": adv.origin.site_id,
+            "epoch": adv.sequence.epoch,
+            "sequence": adv.sequence.sequence,
+            "timestamp_ms": adv.timestamp_ms,
+            "flags": f"{self.flags:#04x}",
+            "bytes": len(self.value),
+            "value": self.value.hex(),
+            "verified": self.verified,
+            "received_at": self.received_at,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """What a RIB update did, for the sink: accepted, withdrawn, refused, session."""
+
+    kind: str  # accept | withdraw | treat-as-withdraw | ignore | session
+    peer: str
+    prefix: Prefix | None = None
+    entry: Entry | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "peer": self.peer}
+        if self.prefix is not None:
+            out["prefix"] = str(self.prefix)
+        if self.entry is not None:
+            out["entry"] = self.entry.to_json()
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclasses.dataclass
+class CacheRib:
+    """Accepted cache state per (peer, route), with RFC 7606 handling of bad values."""
+
+    verifier: Verifier | None = None
+    entries: dict[tuple[str, Prefix], Entry] = dataclasses.field(default_factory=dict)
+    sessions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def apply(self, event: Event, now: float) -> list[Change]:
+        if isinstance(event, Session):
+            self.sessions[event.peer] = event.state
+            changes = [Change("session", event.peer, reason=event.state)]
+            if event.state == "down":
+                for key in [k for k in self.entries if k[0] == event.peer]:
+                    del self.entries[key]
+                    changes.append(Change("withdraw", event.peer, key[1], reason="session down"))
+            return changes
+        key = (event.peer, event.prefix)
+        if isinstance(event, Withdrawn):
+            had = self.entries.pop(key, None)
+            return [Change("withdraw", event.peer, event.prefix, had, "withdrawn")]
+        if event.value is None:
+            had = self.entries.pop(key, None)
+            return [Change("ignore", event.peer, event.prefix, had, "no cache attribute")]
+        try:
+            adv = wire.decode(event.value)
+        except wire.CodecError as exc:
+            action = wire.error_action(exc)
+            return self._refuse(key, f"malformed ({action.name.lower()}): {exc}")
+        verified = False
+        if self.verifier is not None:
+            reason = self.verifier(event.value, adv, event.prefix)
+            if reason is not None:
+                return self._refuse(key, f"not verified: {reason}")
+            verified = True
+        entry = Entry(event.peer, event.prefix, adv, event.value, event.flags or 0, verified, now)
+        self.entries[key] = entry
+        return [Change("accept", event.peer, event.prefix, entry)]
+
+    def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
+        # RFC 7606 section 2: treat-as-withdraw; the session is left alone.
+        had = self.entries.pop(key, None)
+        return [Change("treat-as-withdraw", key[0], key[1], had, reason)]
+
+    def by_origin(self) -> dict[str, list[Entry]]:
+        out: dict[str, list[Entry]] = {}
+        for entry in self.entries.values():
+            out.setdefault(str(entry.advertisement.origin.address), []).append(entry)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sessions": dict(self.sessions),
+            "routes": [e.to_json() for _, e in sorted(self.entries.items(), key=str)],
+        }
+
+
+# ---- the API process ----------------------------------------------------------------
+
+
+def run(
+    lines: Iterable[str],
+    rib: CacheRib,
+    on_change: Callable[[Change], None],
+    *,
+    type_code: int = DEFAULT_ATTRIBUTE_TYPE,
+    clock: Callable[[], float] = time.time,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+) -> None:
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+            events = parse_message(obj, type_code)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log(f"cannot parse ExaBGP message ({exc}): {line[:200]}")
+            continue
+        for event in events:
+            for change in rib.apply(event, clock()):
+                on_change(change)
+
+
+class FileSink:
+    """Appends each change to `events.jsonl` and rewrites `rib.json` atomically."""
+
+    def __init__(self, directory: str | Path, rib: CacheRib) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rib = rib
+        self.events: IO[str] = open(self.dir / "events.jsonl", "a")  # noqa: SIM115
+        self.write_snapshot()
+
+    def __call__(self, change: Change) -> None:
+        record = change.to_json()
+        record["time"] = time.time()
+        self.events.write(json.dumps(record) + "\n")
+        self.events.flush()
+        self.write_snapshot()
+
+    def write_snapshot(self) -> None:
+        tmp = self.dir / "rib.json.tmp"
+        tmp.write_text(json.dumps(self.rib.to_json(), indent=1))
+        tmp.replace(self.dir / "rib.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.stdout = sys.stderr  # ExaBGP would read anything on our stdout as a command
+    p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
+    p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
+    p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
+    args = p.parse_args(argv)
+    rib = CacheRib()
+    sink = FileSink(args.out, rib)
+    with contextlib.suppress(KeyboardInterrupt):
+        run(sys.stdin, rib, sink, type_code=args.type_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

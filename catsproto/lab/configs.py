@@ -1,0 +1,134 @@
+"""Daemon configurations rendered from a topology: ExaBGP, FRR (zebra + bgpd), BIRD 2.
+
+Pure text generation; the templates sit here, in one place, next to the rules they
+follow (LAB-NOTES.md): FRR needs `no bgp ebgp-requires-policy` to pass anything over
+eBGP, advertisement-interval 0 so that the measured convergence is ours rather than
+FRR's MRAI; BIRD needs `enable extended messages on` to carry payloads over 4096 bytes;
+ExaBGP turns extended messages off with `capability { extended-message disable; }`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from catsproto.lab.topology import Topology
+
+EXABGP_ENV = {
+    "exabgp_daemon_user": "root",
+    "exabgp_api_cli": "false",
+    "exabgp_log_destination": "stdout",
+    "exabgp_daemon_daemonize": "false",
+}
+
+
+def exabgp_conf(
+    topo: Topology,
+    node: str,
+    *,
+    python: str,
+    spool: str,
+    out: str,
+    neighbors: Sequence[tuple[str, str, int, int]] | None = None,
+    ports: tuple[int | None, int | None] = (None, None),
+) -> str:
+    """ExaBGP config for `node`. `neighbors` overrides the topology's sessions with
+    (local address, peer address, local AS, peer AS) for the embedded mode, and `ports`
+    (listen, connect) moves BGP off port 179 there."""
+    n = topo.nodes[node]
+    embedded = neighbors is not None
+    if neighbors is None:
+        neighbors = [
+            (str(nb.local.address.ip), str(nb.remote.address.ip), n.asn, nb.remote_asn)  # type: ignore[union-attr]
+            for nb in topo.neighbors(node)
+        ]
+    max_message = 65535 if n.extended_message else 4096
+    lines = []
+    if n.announce:
+        argv = [
+            python,
+            "-m",
+            "catsproto.adapters.exabgp_announce",
+            "--spool",
+            spool,
+            "--max-message",
+            str(max_message),
+            "--min-interval",
+            str(n.min_interval),
+        ]
+        lines.append(f"process announce {{ run {shlex.join(argv)}; encoder text; }}")
+    if n.receive:
+        argv = [python, "-m", "catsproto.adapters.exabgp_receive", "--out", out]
+        lines.append(f"process receive {{ run {shlex.join(argv)}; encoder json; }}")
+    for local, peer, local_as, peer_as in neighbors:
+        body = [
+            f"router-id {local if embedded else topo.router_id(node)};",
+            f"local-address {local};",
+            f"local-as {local_as};",
+            f"peer-as {peer_as};",
+            "hold-time 9;",
+            "family { ipv4 unicast; }",
+        ]
+        listen, connect = ports
+        if listen:
+            body += ["passive;", f"listen {listen};"]
+        if connect:
+            body.append(f"connect {connect};")
+        if not n.extended_message:
+            body.append("capability { extended-message disable; }")
+        if n.announce:
+            body.append("api speak { processes [ announce ]; }")
+        if n.receive:
+            body.append(
+                "api hear { processes [ receive ]; receive { parsed; update; } neighbor-changes; }"
+            )
+        lines.append(f"neighbor {peer} {{\n  " + "\n  ".join(body) + "\n}")
+    return "\n".join(lines) + "\n"
+
+
+def frr_zebra_conf(node: str) -> str:
+    return f"hostname {node}\nlog stdout\n"
+
+
+def frr_bgpd_conf(topo: Topology, node: str) -> str:
+    n = topo.nodes[node]
+    out = [
+        "frr defaults traditional",
+        f"hostname {node}",
+        "log stdout",
+        f"router bgp {n.asn}",
+        f" bgp router-id {topo.router_id(node)}",
+        " no bgp ebgp-requires-policy",
+        " no bgp network import-check",
+    ]
+    nbs = topo.neighbors(node)
+    for nb in nbs:
+        peer = nb.remote.address.ip  # type: ignore[union-attr]
+        out += [
+            f" neighbor {peer} remote-as {nb.remote_asn}",
+            f" neighbor {peer} timers 3 9",
+            f" neighbor {peer} timers connect 1",
+            f" neighbor {peer} advertisement-interval 0",
+        ]
+    out.append(" address-family ipv4 unicast")
+    out += [f"  neighbor {nb.remote.address.ip} activate" for nb in nbs]  # type: ignore[union-attr]
+    out += [" exit-address-family", ""]
+    return "\n".join(out)
+
+
+def bird_conf(topo: Topology, node: str) -> str:
+    n = topo.nodes[node]
+    out = [f"router id {topo.router_id(node)};", "log stderr all;", "protocol device { }", ""]
+    for i, nb in enumerate(topo.neighbors(node)):
+        out += [
+            f"protocol bgp peer{i} {{",
+            f"  local {nb.local.address.ip} as {n.asn};",  # type: ignore[union-attr]
+            f"  neighbor {nb.remote.address.ip} as {nb.remote_asn};",  # type: ignore[union-attr]
+            "  hold time 9;",
+            "  connect retry time 1;",
+            "  enable extended messages on;",
+            "  ipv4 { import all; export all; };",
+            "}",
+            "",
+        ]
+    return "\n".join(out)

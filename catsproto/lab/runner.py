@@ -1,0 +1,301 @@
+"""Bring a containerlab topology up without Docker: namespaces, links, daemons.
+
+Strategy: `up` reads the `.clab.yml`, builds one namespace per node and one veth pair
+per link (`catsproto.adapters.netns`), renders each daemon's configuration
+(`catsproto.lab.configs`) into the lab's run directory and starts the daemons in their
+namespaces: ExaBGP (with the announce and/or receive API processes), FRR (zebra, then
+bgpd, in pathspace `<tag>-<node>`), BIRD. Whatever fails half way, everything started
+so far is torn down before the error propagates. The run directory keeps `state.json`,
+so `down` works from any later process.
+
+Per ExaBGP node the run directory holds `<node>/spool/` (write a route file there to
+announce: `exabgp_announce.Spool`) and `<node>/rib/` (`rib.json` and `events.jsonl`
+written by the receiver).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from catsproto.adapters import netns
+from catsproto.adapters.exabgp_announce import Spool
+from catsproto.lab import configs
+from catsproto.lab.topology import Topology, load
+
+DEFAULT_ROOT = Path(os.environ.get("CATSPROTO_LAB_ROOT", "/run/catsproto"))
+FRR_RUN = Path("/var/run/frr")
+FRR_BIN = Path("/usr/lib/frr")
+
+
+class LabError(RuntimeError):
+    """The lab could not be built or a daemon did not come up."""
+
+
+def exabgp_binary() -> str:
+    local = Path(sys.executable).parent / "exabgp"
+    return str(local) if local.exists() else "exabgp"
+
+
+class Lab:
+    """A running lab: its topology, its netns handle and where each node keeps its files."""
+
+    def __init__(self, topology: Topology, handle: netns.NetnsLab, path: str = "") -> None:
+        self.topology = topology
+        self.handle = handle
+        self.path = path
+
+    @property
+    def tag(self) -> str:
+        return self.handle.tag
+
+    @property
+    def run_dir(self) -> Path:
+        return self.handle.run_dir
+
+    def node_dir(self, node: str) -> Path:
+        return self.run_dir / node
+
+    def spool(self, node: str) -> Spool:
+        return Spool(self.node_dir(node) / "spool")
+
+    def rib_file(self, node: str) -> Path:
+        return self.node_dir(node) / "rib" / "rib.json"
+
+    def rib(self, node: str) -> dict[str, Any]:
+        try:
+            return json.loads(self.rib_file(node).read_text())
+        except (OSError, ValueError):
+            return {"sessions": {}, "routes": []}
+
+    def events(self, node: str) -> list[dict[str, Any]]:
+        try:
+            text = (self.node_dir(node) / "rib" / "events.jsonl").read_text()
+        except OSError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def frr_pathspace(self, node: str) -> str:
+        return f"{self.tag}-{node}"
+
+    def vtysh(self, node: str, command: str) -> str:
+        out = subprocess.run(
+            ["vtysh", "-N", self.frr_pathspace(node), "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return out.stdout
+
+    def birdc(self, node: str, command: str) -> str:
+        out = subprocess.run(
+            ["birdc", "-s", str(self.node_dir(node) / "bird.ctl"), *command.split()],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return out.stdout
+
+    def sessions(self) -> dict[str, dict[str, str]]:
+        """BGP session state per node and peer, as each daemon reports it."""
+        out: dict[str, dict[str, str]] = {}
+        for name, node in self.topology.nodes.items():
+            if node.role == "frr":
+                try:
+                    summary = json.loads(self.vtysh(name, "show bgp ipv4 unicast summary json"))
+                    peers = summary.get("peers", {})
+                    out[name] = {p: str(v.get("state", "?")) for p, v in peers.items()}
+                except ValueError:
+                    out[name] = {}
+            elif node.role == "bird":
+                states = {}
+                for line in self.birdc(name, "show protocols").splitlines():
+                    parts = line.split()
+                    if parts and parts[0].startswith("peer") and len(parts) >= 6:
+                        states[parts[0]] = parts[5]
+                out[name] = states
+            elif node.receive:
+                out[name] = self.rib(name).get("sessions", {})
+        return out
+
+    def routes(self, node: str) -> list[dict[str, Any]]:
+        return self.rib(node).get("routes", [])
+
+    def wait_for(
+        self, predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise LabError(f"timed out after {timeout:g}s waiting for {what}")
+            time.sleep(0.02)
+
+    def down(self) -> None:
+        self.handle.teardown()
+
+
+def _start_frr(lab: Lab, node: str) -> None:
+    pathspace = lab.frr_pathspace(node)
+    conf_dir = FRR_RUN / pathspace
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    lab.handle.state.extra_dirs.append(str(conf_dir))
+    lab.handle.save()
+    (conf_dir / "zebra.conf").write_text(configs.frr_zebra_conf(node))
+    (conf_dir / "bgpd.conf").write_text(configs.frr_bgpd_conf(lab.topology, node))
+    frr = pwd.getpwnam("frr")
+    for p in (conf_dir, conf_dir / "zebra.conf", conf_dir / "bgpd.conf"):
+        os.chown(p, frr.pw_uid, frr.pw_gid)
+    lab.handle.start(
+        node,
+        "zebra",
+        [
+            str(FRR_BIN / "zebra"),
+            "-N",
+            pathspace,
+            "-f",
+            str(conf_dir / "zebra.conf"),
+            "-P",
+            "0",
+            "--log",
+            "stdout",
+        ],
+    )
+    lab.wait_for(lambda: (conf_dir / "zserv.api").exists(), 10, f"zebra on {node}")
+    lab.handle.start(
+        node,
+        "bgpd",
+        [
+            str(FRR_BIN / "bgpd"),
+            "-N",
+            pathspace,
+            "-f",
+            str(conf_dir / "bgpd.conf"),
+            "-P",
+            "0",
+            "--log",
+            "stdout",
+        ],
+    )
+
+
+def _start_bird(lab: Lab, node: str) -> None:
+    d = lab.node_dir(node)
+    (d / "bird.conf").write_text(configs.bird_conf(lab.topology, node))
+    lab.handle.start(
+        node, "bird", ["bird", "-f", "-c", str(d / "bird.conf"), "-s", str(d / "bird.ctl")]
+    )
+
+
+def _start_exabgp(lab: Lab, node: str) -> None:
+    d = lab.node_dir(node)
+    (d / "spool").mkdir(exist_ok=True)
+    (d / "rib").mkdir(exist_ok=True)
+    conf = configs.exabgp_conf(
+        lab.topology, node, python=sys.executable, spool=str(d / "spool"), out=str(d / "rib")
+    )
+    (d / "exabgp.conf").write_text(conf)
+    lab.handle.start(
+        node, "exabgp", [exabgp_binary(), str(d / "exabgp.conf")], env=configs.EXABGP_ENV
+    )
+
+
+STARTERS: dict[str, Callable[[Lab, str], None]] = {
+    "frr": _start_frr,
+    "bird": _start_bird,
+    "exabgp": _start_exabgp,
+}
+
+
+def up(
+    topology_path: str | Path,
+    root: str | Path = DEFAULT_ROOT,
+    *,
+    tag: str | None = None,
+    feed: bool = False,
+    feed_interval: float = 2.0,
+) -> Lab:
+    """Build the lab and start its daemons; on any failure tear down what exists."""
+    topology = load(topology_path)
+    tag = tag or netns.lab_tag()
+    handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
+    lab = Lab(topology, handle, str(topology_path))
+    try:
+        handle.state.info["name"] = topology.name
+        for name in topology.nodes:
+            handle.add_node(name)
+            lab.node_dir(name).mkdir(exist_ok=True)
+        for link in topology.links:
+            handle.add_link(
+                (link.a.node, link.a.interface, str(link.a.address) if link.a.address else None),
+                (link.b.node, link.b.interface, str(link.b.address) if link.b.address else None),
+                delay_ms=link.delay_ms,
+                rate=link.rate,
+            )
+        # transits first, so the speakers' first connection attempts find them listening
+        order = sorted(topology.nodes.values(), key=lambda n: n.role == "exabgp")
+        for node in order:
+            STARTERS[node.role](lab, node.name)
+        if feed:
+            start_feeders(lab, feed_interval)
+    except BaseException:
+        handle.teardown()
+        raise
+    return lab
+
+
+def start_feeders(lab: Lab, interval: float) -> None:
+    """One modelled-instance process per egress with instances, writing its spool."""
+    for name, node in lab.topology.nodes.items():
+        if node.announce and node.instances:
+            argv = [
+                sys.executable,
+                "-m",
+                "catsproto.lab.instances",
+                "--topology",
+                str(Path(lab.path).resolve()),
+                "--node",
+                name,
+                "--spool",
+                str(lab.node_dir(name) / "spool"),
+                "--interval",
+                str(interval),
+                "--max-message",
+                "65535" if node.extended_message else "4096",
+            ]
+            lab.handle.start(name, "instances", argv)
+
+
+def attach(run_dir: str | Path) -> Lab:
+    """The Lab object of a lab started by another process."""
+    state = netns.load_state(run_dir)
+    return Lab(load(state.topology), netns.NetnsLab.attach(state), state.topology)
+
+
+def running_labs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if (p / netns.STATE_FILE).exists())
+
+
+def down(run_dir: str | Path) -> None:
+    state = netns.load_state(run_dir)
+    try:
+        netns.teardown(state)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(run_dir)
