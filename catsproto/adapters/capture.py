@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catsproto.adapters.netns import NetnsLab
@@ -126,9 +126,12 @@ def record_capture(
     *,
     timeout: float = 30.0,
     tag: str | None = None,
+    before_peering: Callable[[str, str], object] | None = None,
 ) -> CaptureResult:
     """Announce `announcements` from ExaBGP to ExaBGP over a veth pair; write the pcap
-    seen on the receiver's interface to `path`. Needs root."""
+    seen on the receiver's interface to `path`. Needs root. `before_peering(namespace,
+    interface)` runs once the capture runs and before the speakers start (to attach a
+    live reader to the same interface)."""
     start = time.monotonic()
     path = Path(path).resolve()
     run_dir = Path(tempfile.mkdtemp(prefix="catsproto-capture-"))
@@ -181,6 +184,8 @@ def record_capture(
             ],
         )
         _wait(lambda: "listening on" in Path(dump.log).read_text(), 10, "tcpdump to start")
+        if before_peering is not None:
+            before_peering(lab.ns("b"), b_end.ifname)
         lab.start("b", "exabgp", [_exabgp(), str(run_dir / "b.conf")],
                   env={**env, "exabgp_tcp_bind": B_ADDRESS})  # fmt: skip
         _wait(lambda: ":179" in lab.run("b", ["ss", "-ltn"]), 10, "ExaBGP b to listen")

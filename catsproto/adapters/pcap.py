@@ -1,0 +1,365 @@
+"""Find cache-state advertisements in packet captures: read, reassemble, frame, decode.
+
+Strategy: three small stages, each testable alone.
+
+1. `segments(source)` reads a pcap/pcapng file (or a live pcap stream from tcpdump) with
+   scapy and yields TCP segments (time, flow, seq, flags, payload). scapy only parses
+   Ethernet/IP/TCP here; it never sees BGP.
+2. `BGPStreams` reassembles each direction of each TCP connection (SYN sets the start;
+   retransmissions and overlaps are trimmed; out-of-order segments wait for the gap to
+   fill) and cuts the byte stream into BGP messages by the 19-byte header, whose length
+   may be anything up to 65535 (RFC 8654 extended messages). A capture that starts
+   mid-connection is synchronised on the first marker; a broken marker is reported and
+   resynchronised, never raised.
+3. `findings(messages, type_code, verify)` parses each UPDATE with `wire.bgp`, takes
+   every path attribute of our type code (Partial and Extended-Length bits ignored),
+   decodes its value with the codec and, per announced prefix, asks `verify` (a
+   callback: signatures are checked against the route) what to make of it. A malformed
+   attribute or UPDATE becomes a finding that carries the codec's error; nothing here
+   raises for bad bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import subprocess
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from catsproto import wire
+from catsproto.wire.bgp import HEADER_LEN, MARKER, UPDATE, parse_update
+
+MAX_PENDING_BYTES = 1 << 22  # out-of-order data kept per direction before giving up a gap
+SEQ_MOD = 1 << 32
+BGP_TYPES = {1: "OPEN", 2: "UPDATE", 3: "NOTIFICATION", 4: "KEEPALIVE", 5: "ROUTE-REFRESH"}
+
+Flow = tuple[str, int, str, int]  # src, sport, dst, dport
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Segment:
+    time: float
+    flow: Flow
+    seq: int
+    syn: bool
+    fin: bool
+    rst: bool
+    payload: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BGPMessage:
+    """One whole BGP message and when its last byte was seen."""
+
+    time: float
+    flow: Flow
+    data: bytes
+
+    @property
+    def kind(self) -> int:
+        return self.data[18]
+
+    @property
+    def peer(self) -> str:
+        src, sport, dst, dport = self.flow
+        return f"{_hostport(src, sport)} > {_hostport(dst, dport)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamProblem:
+    """Bytes that could not be framed as BGP (a broken marker or length)."""
+
+    time: float
+    flow: Flow
+    reason: str
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---- stage 1: segments -----------------------------------------------------------------
+
+
+def segments(source: str | Path | IO[bytes]) -> Iterator[Segment]:
+    """TCP segments of a pcap or pcapng file, or of a pcap byte stream (tcpdump -w -)."""
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.inet6 import IPv6
+    from scapy.utils import PcapReader
+
+    reader = PcapReader(str(source) if isinstance(source, str | Path) else source)
+    try:
+        for pkt in reader:
+            tcp = pkt.getlayer(TCP)
+            if tcp is None:
+                continue
+            ip = pkt.getlayer(IP) or pkt.getlayer(IPv6)
+            if ip is None:
+                continue
+            payload = bytes(tcp.payload)
+            if isinstance(ip, IP):  # drop Ethernet padding past the IP total length
+                payload = payload[: max(0, ip.len - ip.ihl * 4 - tcp.dataofs * 4)]
+            flags = int(tcp.flags)
+            yield Segment(
+                float(pkt.time),
+                (ip.src, tcp.sport, ip.dst, tcp.dport),
+                tcp.seq,
+                bool(flags & 0x02),
+                bool(flags & 0x01),
+                bool(flags & 0x04),
+                payload,
+            )
+    finally:
+        reader.close()
+
+
+# ---- stage 2: reassembly and framing ---------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Direction:
+    next_seq: int | None = None
+    synced: bool = False
+    buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    pending: dict[int, bytes] = dataclasses.field(default_factory=dict)
+
+
+class BGPStreams:
+    """Reassembles TCP directions and frames BGP messages (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._flows: dict[Flow, _Direction] = {}
+        self.problems: list[StreamProblem] = []
+
+    def feed(self, seg: Segment) -> list[BGPMessage]:
+        d = self._flows.get(seg.flow)
+        if d is None or seg.syn:
+            d = self._flows[seg.flow] = _Direction()
+        if seg.syn:
+            d.next_seq = (seg.seq + 1) % SEQ_MOD
+            d.synced = True
+            return []
+        if seg.rst:
+            self._flows.pop(seg.flow, None)
+            return []
+        if not seg.payload:
+            return []
+        if d.next_seq is None:  # capture started mid-connection
+            d.next_seq = seg.seq
+        self._accept(d, seg.seq, seg.payload, seg)
+        return self._frame(d, seg)
+
+    def _accept(self, d: _Direction, seq: int, payload: bytes, seg: Segment) -> None:
+        assert d.next_seq is not None
+        ahead = (seq - d.next_seq) % SEQ_MOD
+        if ahead >= SEQ_MOD // 2:  # starts before what we have: retransmission or overlap
+            behind = SEQ_MOD - ahead
+            if behind >= len(payload):
+                return
+            payload, seq = payload[behind:], d.next_seq
+            ahead = 0
+        if ahead:
+            if sum(map(len, d.pending.values())) + len(payload) > MAX_PENDING_BYTES:
+                self.problems.append(
+                    StreamProblem(seg.time, seg.flow, f"gap of {ahead} bytes never filled")
+                )
+                d.pending.clear()
+                d.buffer.clear()
+                d.next_seq, d.synced = seq, False
+                ahead = 0
+            else:
+                d.pending[seq] = max(payload, d.pending.get(seq, b""), key=len)
+                return
+        d.buffer += payload
+        d.next_seq = (seq + len(payload)) % SEQ_MOD
+        while d.pending:  # anything that now continues the stream
+            for pseq in list(d.pending):
+                rel = (pseq - d.next_seq) % SEQ_MOD
+                if rel >= SEQ_MOD // 2 or rel == 0:
+                    data = d.pending.pop(pseq)
+                    skip = 0 if rel == 0 else SEQ_MOD - rel
+                    if skip < len(data):
+                        d.buffer += data[skip:]
+                        d.next_seq = (d.next_seq + len(data) - skip) % SEQ_MOD
+                    break
+            else:
+                break
+
+    def _frame(self, d: _Direction, seg: Segment) -> list[BGPMessage]:
+        out = []
+        buf = d.buffer
+        while True:
+            if not d.synced:
+                at = _find_header(buf)
+                if at is None:
+                    del buf[: max(0, len(buf) - HEADER_LEN)]
+                    break
+                del buf[:at]
+                d.synced = True
+            if len(buf) < HEADER_LEN:
+                break
+            length = int.from_bytes(buf[16:18], "big")
+            if buf[:16] != MARKER or length < HEADER_LEN:
+                what = "marker is not all ones" if buf[:16] != MARKER else f"length {length}"
+                self.problems.append(
+                    StreamProblem(seg.time, seg.flow, f"BGP stream out of step: {what}")
+                )
+                del buf[:1]
+                d.synced = False
+                continue
+            if len(buf) < length:
+                break
+            out.append(BGPMessage(seg.time, seg.flow, bytes(buf[:length])))
+            del buf[:length]
+        return out
+
+
+def _find_header(buf: bytearray) -> int | None:
+    """Offset of the first plausible BGP header (marker, length >= 19, type 1..5)."""
+    start = 0
+    while True:
+        at = buf.find(MARKER, start)
+        if at < 0 or len(buf) < at + HEADER_LEN:
+            return None if at < 0 else at
+        length = int.from_bytes(buf[at + 16 : at + 18], "big")
+        if length >= HEADER_LEN and buf[at + 18] in BGP_TYPES:
+            return at
+        start = at + 1
+
+
+def bgp_messages(
+    segs: Iterable[Segment], streams: BGPStreams | None = None
+) -> Iterator[BGPMessage]:
+    streams = streams or BGPStreams()
+    for seg in segs:
+        yield from streams.feed(seg)
+
+
+# ---- stage 3: findings -----------------------------------------------------------------
+
+IPv4Network = ipaddress.IPv4Network
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Check:
+    """What a verifier made of one advertisement on one route."""
+
+    status: str  # "verified", "not-checked", or a refusal reason such as "bad-signature"
+    detail: str = ""
+    advertisement: wire.Advertisement | None = None  # opened, when a group key did it
+
+    @property
+    def verified(self) -> bool:
+        return self.status == "verified"
+
+
+Verify = Callable[[bytes, "IPv4Network | None", float], Check]
+
+
+def not_checked(value: bytes, prefix: IPv4Network | None, now: float) -> Check:
+    return Check("not-checked", "no --trust given")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One advertisement (or a refusal) seen on one route in one UPDATE."""
+
+    time: float
+    peer: str
+    prefix: IPv4Network | None
+    flags: int | None
+    value_len: int | None
+    advertisement: wire.Advertisement | None
+    error: wire.CodecError | None
+    check: Check
+
+    @property
+    def status(self) -> str:
+        return "malformed" if self.error is not None else self.check.status
+
+    def to_json(self) -> dict[str, Any]:
+        adv = self.check.advertisement or self.advertisement
+        out: dict[str, Any] = {
+            "time": round(self.time, 6),
+            "peer": self.peer,
+            "prefix": str(self.prefix) if self.prefix is not None else None,
+            "flags": f"{self.flags:#04x}" if self.flags is not None else None,
+            "partial": bool(self.flags & wire.FLAG_PARTIAL) if self.flags is not None else None,
+            "length": self.value_len,
+            "status": self.status,
+        }
+        if self.error is not None:
+            out["error"] = {
+                "kind": type(self.error).__name__,
+                "message": str(self.error),
+                "offset": self.error.offset,
+                "tlv_type": self.error.tlv_type,
+                "action": wire.error_action(self.error).value,
+            }
+        else:
+            out["detail"] = self.check.detail
+        if adv is not None:
+            out["advertisement"] = adv.to_json()
+        return out
+
+
+def findings(
+    messages: Iterable[BGPMessage],
+    type_code: int = wire.DEFAULT_ATTRIBUTE_TYPE,
+    verify: Verify = not_checked,
+) -> Iterator[Finding]:
+    """Every UPDATE attribute of `type_code`, decoded and checked per announced prefix."""
+    for msg in messages:
+        if msg.kind != UPDATE:
+            continue
+        try:
+            update = parse_update(msg.data)
+        except wire.CodecError as exc:
+            yield Finding(msg.time, msg.peer, None, None, None, None, exc, Check("malformed"))
+            continue
+        for attr in update.attributes:
+            if attr.type_code != type_code:
+                continue
+            try:
+                adv: wire.Advertisement | None = wire.decode(attr.value)
+                error = None
+            except wire.CodecError as exc:
+                adv, error = None, exc
+            prefixes: list[IPv4Network | None] = list(update.nlri) or [None]
+            for prefix in prefixes:
+                if error is not None:
+                    check = Check("malformed", str(error))
+                else:
+                    check = verify(attr.value, prefix, msg.time)
+                yield Finding(
+                    msg.time, msg.peer, prefix, attr.flags, len(attr.value), adv, error, check
+                )
+
+
+def inspect_capture(
+    source: str | Path | IO[bytes],
+    type_code: int = wire.DEFAULT_ATTRIBUTE_TYPE,
+    verify: Verify = not_checked,
+    streams: BGPStreams | None = None,
+) -> Iterator[Finding]:
+    """`findings` of a capture file or stream (problems framing it land in `streams`)."""
+    return findings(bgp_messages(segments(source), streams), type_code, verify)
+
+
+# ---- live ------------------------------------------------------------------------------
+
+
+def live_capture(interface: str, netns: str | None = None) -> subprocess.Popen[bytes]:
+    """tcpdump writing a pcap stream of BGP on `interface` (inside `netns`) to its stdout.
+
+    The caller reads `proc.stdout` (e.g. with `inspect_capture`) and stops the process.
+    """
+    argv = ["tcpdump", "-i", interface, "--immediate-mode", "-U", "-Z", "root", "-w", "-"]
+    argv.append("tcp port 179")
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
