@@ -1,0 +1,444 @@
+"""vLLM KV-cache events, parsed and applied to the cache model; sequence and gap logic.
+
+Strategy. vLLM publishes batches ``[ts, [event, ...], data_parallel_rank]`` (msgpack; the
+adapter `catsproto.adapters.vllm_events` unpacks the bytes and calls `parse_batch`).
+Events are maps with a ``"type"`` key since vLLM 0.24 and tagged arrays
+``["BlockStored", field, ...]`` before; both are accepted, and fields left out because
+they equal their default take that default. A batch may also arrive as a map
+(``{"ts", "events", "data_parallel_rank"}``), which is how msgspec writes it when the
+struct is not array-like.
+
+`VllmIngest` turns events into `TieredCache` changes:
+
+* a vLLM block hash is a 64-bit tail of a SHA-256 chained over the *full* parent hash,
+  so nobody can derive it from a published parent; we re-key each block from its
+  ``token_ids`` with `BlockKeyer.chain` (or, for engines whose ids are already chained
+  and shared with the selector — the Mooncake trace — with `BlockKeyer.engine_key`),
+  and remember hash → key so a child chains from its parent's key;
+* vLLM does not de-duplicate identical blocks, so copies are counted per
+  (rank, medium, group, hash); a block joins a tier on its first copy and leaves it with
+  its last;
+* ``medium`` (GPU, CPU, DISK ...) maps to a tier; ``None`` means GPU; AllBlocksCleared
+  clears the GPU medium of its rank only;
+* blocks hashed with LoRA names or extra keys (multimodal inputs, cache salts) name more
+  than their tokens, so a token-only key would claim hits it cannot serve: they and
+  their descendants are skipped (counted);
+* a block whose parent hash is unknown (we joined late) cannot be keyed: counted as an
+  orphan and skipped.
+
+`SequenceTracker` classifies each batch's 8-byte sequence: next in line, a gap (recover
+through the replay socket), a duplicate of a replayed batch, or a restart (the engine
+counts from 0 again). Pure: no sockets, no clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from catsproto.keys import BlockKeyer
+from catsproto.node.cache import TieredCache
+from catsproto.wire import Tier
+
+__all__ = [
+    "DEFAULT_MEDIA",
+    "END_SEQ",
+    "IngestStats",
+    "KeyMode",
+    "SeqAction",
+    "SequenceTracker",
+    "VllmAllBlocksCleared",
+    "VllmBlockRemoved",
+    "VllmBlockStored",
+    "VllmEvent",
+    "VllmEventBatch",
+    "VllmEventError",
+    "VllmIngest",
+    "parse_batch",
+    "parse_event",
+]
+
+MEDIUM_GPU = "GPU"
+DEFAULT_MEDIA: Mapping[str, Tier] = {
+    "GPU": Tier.HBM,
+    "CPU": Tier.DRAM,
+    "DISK": Tier.SSD,
+    "SSD": Tier.SSD,
+    "LOCAL_DISK": Tier.SSD,
+    "REMOTE": Tier.REMOTE,
+}
+"""vLLM ``medium`` strings (upper-cased before lookup) to tiers."""
+
+END_SEQ = b"\xff" * 8
+"""The sequence frame that ends a replay (vLLM sends -1 as 8 big-endian bytes)."""
+
+
+class VllmEventError(ValueError):
+    """A payload that is not a vLLM KV event batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmBlockStored:
+    block_hashes: Sequence[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: Sequence[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: Sequence[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmBlockRemoved:
+    block_hashes: Sequence[int | bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmAllBlocksCleared:
+    pass
+
+
+VllmEvent = VllmBlockStored | VllmBlockRemoved | VllmAllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEventBatch:
+    ts: float
+    events: tuple[VllmEvent, ...]
+    data_parallel_rank: int | None = None
+
+
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
+_CLASSES: dict[str, tuple[type, tuple[str, ...]]] = {
+    "BlockStored": (VllmBlockStored, _STORED_FIELDS),
+    "BlockRemoved": (VllmBlockRemoved, _REMOVED_FIELDS),
+    "AllBlocksCleared": (VllmAllBlocksCleared, ()),
+}
+
+
+def _tag(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def parse_event(obj: object) -> VllmEvent:
+    """One event, map form (vLLM >= 0.24) or tagged-array form (<= 0.23)."""
+    if isinstance(obj, Mapping):
+        tag = _tag(obj.get("type"))
+        entry = _CLASSES.get(tag)
+        if entry is None:
+            raise VllmEventError(f"unknown event type {tag!r}")
+        cls, names = entry
+        known = {n: obj[n] for n in names if n in obj}
+        missing = [n for n in names[: _REQUIRED[tag]] if n not in known]
+    elif isinstance(obj, list | tuple) and obj:
+        tag = _tag(obj[0])
+        entry = _CLASSES.get(tag)
+        if entry is None:
+            raise VllmEventError(f"unknown event type {tag!r}")
+        cls, names = entry
+        if len(obj) - 1 > len(names):
+            raise VllmEventError(f"{tag} has {len(obj) - 1} fields, at most {len(names)} known")
+        known = dict(zip(names, obj[1:], strict=False))
+        missing = list(names[len(obj) - 1 : _REQUIRED[tag]])
+    else:
+        raise VllmEventError(f"an event is a map or a tagged array, not {type(obj).__name__}")
+    if missing:
+        raise VllmEventError(f"{tag} lacks {', '.join(missing)}")
+    if "block_hashes" in known and not isinstance(known["block_hashes"], list | tuple):
+        raise VllmEventError(f"{tag}.block_hashes is not an array")
+    if tag == "BlockStored":
+        if not isinstance(known["token_ids"], list | tuple):
+            raise VllmEventError("BlockStored.token_ids is not an array")
+        if not isinstance(known["block_size"], int) or known["block_size"] < 1:
+            raise VllmEventError(f"BlockStored.block_size {known['block_size']!r} is not >= 1")
+    return cls(**known)
+
+
+def parse_batch(obj: object) -> VllmEventBatch:
+    """A whole payload: ``[ts, [events], dp_rank]`` (dp_rank may be absent) or a map."""
+    if isinstance(obj, Mapping):
+        ts, events, rank = obj.get("ts"), obj.get("events"), obj.get("data_parallel_rank")
+    elif isinstance(obj, list | tuple) and 2 <= len(obj) <= 3:
+        ts, events = obj[0], obj[1]
+        rank = obj[2] if len(obj) == 3 else None
+    else:
+        raise VllmEventError("a batch is [ts, events, data_parallel_rank]")
+    if not isinstance(ts, int | float) or not isinstance(events, list | tuple):
+        raise VllmEventError("a batch needs a numeric ts and an events array")
+    if rank is not None and not isinstance(rank, int):
+        raise VllmEventError(f"data_parallel_rank {rank!r} is not an integer")
+    return VllmEventBatch(float(ts), tuple(parse_event(e) for e in events), rank)
+
+
+# ---- sequence numbers -------------------------------------------------------------------
+
+
+class SeqAction(enum.Enum):
+    APPLY = "apply"
+    GAP = "gap"
+    DUPLICATE = "duplicate"
+    RESTART = "restart"
+
+
+@dataclass(slots=True)
+class SequenceTracker:
+    """Where one publisher's sequence stands.
+
+    next_seq: the sequence expected next (None before the first batch).
+    """
+
+    next_seq: int | None = None
+    _dup_lo: int = 0
+    _dup_hi: int = -1
+
+    def classify(self, seq: int) -> SeqAction:
+        if self.next_seq is None:
+            return SeqAction.APPLY if seq == 0 else SeqAction.GAP
+        if seq == self.next_seq:
+            return SeqAction.APPLY
+        if seq > self.next_seq:
+            return SeqAction.GAP
+        if self._dup_lo <= seq <= self._dup_hi:
+            return SeqAction.DUPLICATE
+        return SeqAction.RESTART
+
+    @property
+    def gap_start(self) -> int:
+        """The first sequence missing (replay from here)."""
+        return 0 if self.next_seq is None else self.next_seq
+
+    def applied(self, seq: int) -> None:
+        self.next_seq = seq + 1
+
+    def replayed(self, first: int, last: int) -> None:
+        """Batches first..last came through the replay socket: drop them if PUB repeats."""
+        self._dup_lo, self._dup_hi = first, last
+
+    def restarted(self) -> None:
+        self.next_seq = None
+        self._dup_lo, self._dup_hi = 0, -1
+
+
+# ---- ingestion --------------------------------------------------------------------------
+
+
+class KeyMode(enum.Enum):
+    TOKENS = "tokens"
+    """Re-key blocks from token ids (real vLLM; what a selector computes from a prompt)."""
+    ENGINE_IDS = "engine-ids"
+    """Key the engine's own chained ids (the Mooncake trace's hash_ids)."""
+
+
+@dataclass(slots=True)
+class IngestStats:
+    batches: int = 0
+    events: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    cleared: int = 0
+    orphans: int = 0
+    """Stored blocks whose parent hash was unknown: not keyable, skipped."""
+    skipped_extra: int = 0
+    """Blocks hashed with LoRA or extra keys (and their descendants): skipped."""
+    unknown_media: int = 0
+    unknown_removals: int = 0
+    """Removals of blocks never seen stored (after a resync, or joined late)."""
+    bad_block_size: int = 0
+    rank_resets: int = 0
+    by_rank: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def block_events(self) -> int:
+        return self.blocks_stored + self.blocks_removed
+
+
+_SKIP = -1  # known hash whose key is deliberately unknown (LoRA/extra keys/orphan chain)
+
+
+class VllmIngest:
+    """Applies vLLM KV events of one instance (any number of DP ranks) to a TieredCache."""
+
+    def __init__(
+        self,
+        cache: TieredCache,
+        keyer: BlockKeyer,
+        *,
+        key_mode: KeyMode = KeyMode.TOKENS,
+        engine: str = "vllm",
+        media: Mapping[str, Tier] = DEFAULT_MEDIA,
+        max_known_hashes: int = 1 << 20,
+    ) -> None:
+        self.cache = cache
+        self.keyer = keyer
+        self.key_mode = key_mode
+        self.engine = engine
+        self.media = {m.upper(): t for m, t in media.items()}
+        self.max_known_hashes = max_known_hashes
+        self.stats = IngestStats()
+        self._known: dict[int | bytes, int] = {}
+        """Engine hash -> our key (or _SKIP), oldest first, trimmed to max_known_hashes."""
+        self._copies: dict[int, dict[tuple[str, int | None, int | bytes], list[int]]] = {}
+        """rank -> (medium, group, hash) -> [copies, key]."""
+        self._presence: dict[tuple[Tier, int], int] = {}
+        self._tier_of_medium: dict[str | None, Tier | None] = {}
+
+    def _tier(self, medium: str | None) -> Tier | None:
+        try:
+            return self._tier_of_medium[medium]
+        except KeyError:
+            name = (medium or MEDIUM_GPU).upper()
+            tier = self.media.get(name)
+            if tier is not None and tier not in self.cache.specs:
+                tier = None
+            self._tier_of_medium[medium] = tier
+            return tier
+
+    def apply_batch(self, batch: VllmEventBatch, rank: int = 0) -> None:
+        """Apply one batch; its own data_parallel_rank wins over `rank` when present."""
+        if batch.data_parallel_rank is not None:
+            rank = batch.data_parallel_rank
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self.stats.by_rank[rank] = self.stats.by_rank.get(rank, 0) + len(batch.events)
+        for ev in batch.events:
+            if type(ev) is VllmBlockStored:
+                self._stored(rank, ev)
+            elif type(ev) is VllmBlockRemoved:
+                self._removed(rank, ev)
+            else:
+                self.clear_rank(rank, only_tier=Tier.HBM)
+                self.stats.cleared += 1
+
+    def _stored(self, rank: int, ev: VllmBlockStored) -> None:
+        stats = self.stats
+        n = len(ev.block_hashes)
+        stats.blocks_stored += n
+        tier = self._tier(ev.medium)
+        if tier is None:
+            stats.unknown_media += n
+            return
+        known = self._known
+        cache = self.cache
+        tokens_mode = self.key_mode is KeyMode.TOKENS
+        bs = ev.block_size
+        if tokens_mode and (bs != self.keyer.block_size or len(ev.token_ids) < n * bs):
+            stats.bad_block_size += n
+            return
+        parent = ev.parent_block_hash
+        prev = 0 if parent is None else known.get(parent)
+        depth = 0 if not prev or prev == _SKIP else cache.depth.get(prev, 0)
+        if ev.lora_name is not None or ev.lora_id is not None or _has_extra(ev.extra_keys):
+            prev = _SKIP
+        copies = self._copies.setdefault(rank, {})
+        medium = (ev.medium or MEDIUM_GPU).upper()
+        group = ev.group_idx
+        presence = self._presence
+        for i, h in enumerate(ev.block_hashes):
+            if prev is None or prev == _SKIP:
+                if prev is None:
+                    stats.orphans += 1
+                else:
+                    stats.skipped_extra += 1
+                known[h] = _SKIP
+                prev = _SKIP
+                continue
+            if tokens_mode:
+                key = self.keyer.chain(prev, ev.token_ids[i * bs : (i + 1) * bs])
+            else:
+                key = self.keyer.engine_key(self.engine, h)  # type: ignore[arg-type]
+            depth += 1
+            if h in known:
+                del known[h]  # re-insert as newest
+            known[h] = key
+            prev = key
+            ck = (medium, group, h)
+            entry = copies.get(ck)
+            if entry is not None:
+                entry[0] += 1
+                continue
+            copies[ck] = [1, key]
+            pk = (tier, key)
+            c = presence.get(pk, 0)
+            presence[pk] = c + 1
+            if c == 0:
+                cache.store(tier, key, depth)
+        if len(known) > self.max_known_hashes:
+            self._trim_known()
+
+    def _trim_known(self) -> None:
+        excess = len(self._known) - self.max_known_hashes
+        for h in list(self._known)[:excess]:
+            del self._known[h]
+
+    def _removed(self, rank: int, ev: VllmBlockRemoved) -> None:
+        self.stats.blocks_removed += len(ev.block_hashes)
+        tier = self._tier(ev.medium)
+        if tier is None:
+            self.stats.unknown_media += len(ev.block_hashes)
+            return
+        copies = self._copies.setdefault(rank, {})
+        medium = (ev.medium or MEDIUM_GPU).upper()
+        for h in ev.block_hashes:
+            ck = (medium, ev.group_idx, h)
+            entry = copies.get(ck)
+            if entry is None:
+                self.stats.unknown_removals += 1
+                continue
+            entry[0] -= 1
+            if entry[0] == 0:
+                del copies[ck]
+                self._unpresent(tier, entry[1])
+
+    def _unpresent(self, tier: Tier, key: int) -> None:
+        pk = (tier, key)
+        c = self._presence[pk] - 1
+        if c:
+            self._presence[pk] = c
+        else:
+            del self._presence[pk]
+            self.cache.remove(tier, key)
+
+    def clear_rank(self, rank: int, only_tier: Tier | None = None) -> None:
+        """Forget every block of `rank` (in `only_tier`'s media, when given)."""
+        copies = self._copies.get(rank, {})
+        for ck in list(copies):
+            tier = self._tier(ck[0])
+            if tier is None or (only_tier is not None and tier != only_tier):
+                continue
+            _, key = copies.pop(ck)
+            self._unpresent(tier, key)
+
+    def reset_rank(self, rank: int) -> None:
+        """The engine restarted, or its history is lost: forget all of `rank`'s blocks."""
+        self.clear_rank(rank)
+        self.stats.rank_resets += 1
+
+    def copies(self, rank: int) -> dict[tuple[str, int | None, int | bytes], int]:
+        """(medium, group, hash) -> copies held by `rank` (for tests and inspection)."""
+        return {ck: e[0] for ck, e in self._copies.get(rank, {}).items()}
+
+
+def _has_extra(extra: Sequence[Any] | None) -> bool:
+    return bool(extra) and any(e is not None for e in extra)  # type: ignore[union-attr]
