@@ -47,6 +47,8 @@ from catsproto.security.signing import IPNetwork, signed_message, without_signat
 from catsproto.security.trust import Authorisation, TrustStore
 from catsproto.wire import Advertisement, CodecError, Delegation
 
+DEFAULT_MAX_AGE_MS = 120_000
+DEFAULT_MAX_FUTURE_MS = 5_000
 _REASONS = tuple(Reason)
 _INDEX = {r: i for i, r in enumerate(_REASONS)}
 
@@ -56,8 +58,8 @@ class Policy:
     """Freshness rules. An origin must re-advertise (a new sequence) well within
     `max_age_ms`, or selectors drop its routes' cache state as stale."""
 
-    max_age_ms: int = 120_000
-    max_future_ms: int = 5_000
+    max_age_ms: int = DEFAULT_MAX_AGE_MS
+    max_future_ms: int = DEFAULT_MAX_FUTURE_MS
     attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE
 
 

@@ -1,0 +1,154 @@
+"""What `catsproto keygen | authorize | sign | seal | verify` do, without the IO.
+
+Each function takes parsed inputs (JSON objects, bytes, strings) and the caller's
+randomness and clock, and returns JSON or bytes; the CLI reads and writes the files.
+Bad input raises `CommandError` (one line for stderr) or a `wire.CodecError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from catsproto import wire
+from catsproto.security.identity import KeyFormatError, SigningKey
+from catsproto.security.receiver import (
+    DEFAULT_MAX_AGE_MS,
+    DEFAULT_MAX_FUTURE_MS,
+    Policy,
+    Verdict,
+    check,
+)
+from catsproto.security.replay import ReplayWindow
+from catsproto.security.sealing import GroupKey, GroupKeyring, seal
+from catsproto.security.signing import IPNetwork, sign
+from catsproto.security.trust import (
+    TrustFileError,
+    TrustStore,
+    authorise,
+    delegation_from_json,
+    delegation_to_json,
+)
+from catsproto.wire.fields import JSON
+
+
+class CommandError(Exception):
+    """Input a security command cannot use; the message is one line for the user."""
+
+
+def parse_nlri(text: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(text)
+    except ValueError as exc:
+        raise CommandError(f"route {text!r}: {exc}") from None
+
+
+def _signing_key(obj: JSON) -> SigningKey:
+    try:
+        return SigningKey.from_json(obj)
+    except KeyFormatError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def keygen(seed: bytes, name: str = "") -> JSON:
+    """A private key file from 32 random bytes (`os.urandom(32)`)."""
+    return SigningKey.from_seed(seed).to_json(name)
+
+
+def public_key(private_key: JSON) -> JSON:
+    """What to hand to others: name, public key and key id (no seed)."""
+    key = _signing_key(private_key)
+    return {
+        "name": private_key.get("name", ""),
+        "public_key": key.public.raw.hex(),
+        "key_id": key.key_id.hex(),
+    }
+
+
+def group_keygen(key_id: int, secret: bytes) -> JSON:
+    """A group key file from a key id and 32 random bytes."""
+    return GroupKey.of(key_id, secret).to_json()
+
+
+def authorize(
+    operator_key: JSON,
+    node_public_key: str,
+    *,
+    cs_ids: list[int],
+    routes: list[str],
+    addresses: list[str],
+    not_before_ms: int,
+    not_after_ms: int,
+) -> JSON:
+    """The operator signs a node key's delegation; returns the delegation's JSON form."""
+    try:
+        node = bytes.fromhex(node_public_key)
+        nets = [ipaddress.ip_network(x) for x in (*routes, *addresses)]
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    d = authorise(
+        _signing_key(operator_key),
+        node,
+        cs_ids=cs_ids,
+        routes=nets[: len(routes)],
+        addresses=nets[len(routes) :],
+        not_before_ms=not_before_ms,
+        not_after_ms=not_after_ms,
+    )
+    return delegation_to_json(d)
+
+
+def sign_value(
+    value: bytes,
+    node_key: JSON,
+    nlri: IPNetwork,
+    attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE,
+    delegation: JSON | None = None,
+) -> bytes:
+    """Sign an attribute value for `nlri`; with `delegation`, carry it in-band too."""
+    adv = wire.decode(value)
+    if delegation is not None:
+        try:
+            adv = adv.replace(delegation_from_json(delegation))
+        except TrustFileError as exc:
+            raise CommandError(str(exc)) from None
+    return wire.encode(sign(adv, _signing_key(node_key), nlri, attribute_type))
+
+
+def seal_value(value: bytes, group_keys: list[JSON], nonce: bytes) -> bytes:
+    """Seal the cache section of an unsigned value under the first group key."""
+    return wire.encode(seal(wire.decode(value), _keyring(group_keys), nonce))
+
+
+def _keyring(group_keys: list[JSON]) -> GroupKeyring:
+    try:
+        keys = [GroupKey.from_json(k) for k in group_keys]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CommandError(f"group key file: {exc}") from None
+    if not 1 <= len(keys) <= 2:
+        raise CommandError("give one or two group keys (active first)")
+    return GroupKeyring(keys[0], keys[1] if len(keys) == 2 else None)
+
+
+def load_trust(obj: JSON) -> TrustStore:
+    try:
+        return TrustStore.from_json(obj)
+    except TrustFileError as exc:
+        raise CommandError(f"trust file: {exc}") from None
+
+
+def verify_value(
+    value: bytes,
+    nlri: IPNetwork,
+    trust: JSON,
+    now_ms: int,
+    *,
+    max_age_ms: int = DEFAULT_MAX_AGE_MS,
+    max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
+    attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE,
+    group_keys: list[JSON] | None = None,
+) -> Verdict:
+    """One advertisement against a trust file (a fresh replay window: a single
+    message has nothing to be replayed against)."""
+    policy = Policy(max_age_ms, max_future_ms, attribute_type)
+    keyring = _keyring(group_keys) if group_keys else None
+    return check(value, nlri, now_ms, load_trust(trust), ReplayWindow(), policy, keyring)
