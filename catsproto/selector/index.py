@@ -18,7 +18,7 @@ import numpy as np
 from catsproto.selector.rib import ServiceTable
 
 CHUNK = 16  # keys refreshed together; a prefix usually ends within a few chunks
-SMALL = 8  # this many candidates or fewer: probe them directly, cache nothing
+SMALL = 8  # keys not yet indexed and this many candidates or fewer: probe them directly
 
 
 class KeyIndex:
@@ -28,6 +28,19 @@ class KeyIndex:
         self._mask: dict[int, int] = {}
         self._gen: dict[int, int] = {}
         self.probes = 0  # slot-probe calls made, for benchmarks and tests
+        self._sighted: set[int] = set()  # first keys of chunks probed directly once
+
+    def _worth_indexing(self, chunk: list[int]) -> bool:
+        """Index a chunk of a few holders' keys once it recurs: the first sighting is
+        probed directly (a one-off prompt costs few probes), the second is indexed."""
+        if chunk[0] in self._gen:
+            return True
+        if chunk[0] in self._sighted:
+            return True
+        if len(self._sighted) >= self.max_keys:
+            self._sighted.clear()
+        self._sighted.add(chunk[0])
+        return False
 
     def _refresh(self, keys: list[int], arr: np.ndarray) -> list[int]:
         """Masks of `keys`, re-probing the slots that changed since each was computed."""
@@ -69,7 +82,7 @@ class KeyIndex:
         for start in range(0, len(key_list), CHUNK):
             chunk = key_list[start : start + CHUNK]
             arr = keys[start : start + CHUNK]
-            if start and running.bit_count() <= SMALL:
+            if start and running.bit_count() <= SMALL and not self._worth_indexing(chunk):
                 masks = self._direct(running, arr)
             else:
                 masks = self._refresh(chunk, arr)

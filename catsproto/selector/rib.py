@@ -76,21 +76,29 @@ class Instance:
     waiting: float = 0.0
     tiers: dict[Tier, TierState] = field(default_factory=dict)
     generation: int = 0
+    fpr: float = 0.0  # worst expected false-positive rate of its summaries
+    stale: bool = False  # some summary missed a delta and awaits a snapshot
+
+    def summaries_changed(self) -> None:
+        self.fpr = max((t.fpr for t in self.tiers.values()), default=0.0)
+        self.stale = any(t.stale for t in self.tiers.values())
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Per key, the code of the fastest tier holding it, 0 where none does."""
+        if len(self.tiers) == 1:
+            (tier,) = self.tiers
+            return np.where(self.tiers[tier].contains_many(keys), np.int8(tier), np.int8(0))
         where = np.zeros(keys.shape, dtype=np.int8)
         for tier in sorted(self.tiers, reverse=True):  # slowest first, fastest overwrites
             where[self.tiers[tier].contains_many(keys)] = int(tier)
         return where
 
-    @property
-    def fpr(self) -> float:
-        return max((t.fpr for t in self.tiers.values()), default=0.0)
-
-    @property
-    def stale(self) -> bool:
-        return any(t.stale for t in self.tiers.values())
+    def prefix_tiers(self, keys: np.ndarray) -> np.ndarray:
+        """Tier codes of a run of keys already known to be held (as `lookup`); an
+        instance with one tier needs no second probe."""
+        if len(self.tiers) == 1:
+            return np.full(keys.shape, int(next(iter(self.tiers))), dtype=np.int8)
+        return self.lookup(keys)
 
 
 @dataclass
@@ -108,6 +116,8 @@ class ServiceTable:
         self.instances: list[Instance | None] = []
         self.by_address: dict[IPAddress, Instance] = {}
         self.generation = 0  # bumps on any summary change of any slot
+        self.site_version = 0  # bumps when a slot's site changes
+        self.live_mask = 0  # bit per occupied slot
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -133,6 +143,7 @@ class ServiceTable:
             if inst.site_id != site_id:
                 inst.site_id = site_id
                 self.site[inst.slot] = site_id
+                self.site_version += 1
             return inst
         slot = next((i for i, x in enumerate(self.instances) if x is None), len(self.instances))
         if slot == len(self.instances):
@@ -143,7 +154,9 @@ class ServiceTable:
         self.instances[slot] = inst
         self.by_address[address] = inst
         self.alive[slot] = True
+        self.live_mask |= 1 << slot
         self.site[slot] = site_id
+        self.site_version += 1
         self.prefill_tps[slot] = inst.prefill_tps
         self.backlog_tokens[slot] = 0.0
         self.metrics_ms[slot] = -1
@@ -162,6 +175,7 @@ class ServiceTable:
             return None
         self.instances[inst.slot] = None
         self.alive[inst.slot] = False
+        self.live_mask &= ~(1 << inst.slot)
         self.touch(inst)
         return inst
 
@@ -222,6 +236,7 @@ class RIB:
             outcomes.append((entry.tier, shard, outcome.value))
             changed |= outcome in (Outcome.SNAPSHOT, Outcome.DELTA, Outcome.STALE)
         if changed:
+            inst.summaries_changed()
             table.touch(inst)
         return AcceptResult(inst, outcomes, metrics_updated)
 

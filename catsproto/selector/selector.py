@@ -143,6 +143,8 @@ class _Pending:
 
 
 def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
+    if len(inst.tiers) == 1 and Tier.HBM in inst.tiers:
+        return 0.0
     total = 0.0
     for code in np.unique(tiers).tolist():
         if code in (0, Tier.HBM):
@@ -167,6 +169,7 @@ class PathSelector:
         self._index: dict[int, KeyIndex] = {}
         self._pending: dict[int, _Pending] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
+        self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -176,15 +179,24 @@ class PathSelector:
             self._site_paths[key] = self.network.path(node, self.config.node_of(site_id))
         return self._site_paths[key]
 
-    def _site_vectors(self, node: str, sites: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One-way delay and bottleneck bandwidth from `node` to each entry's site."""
-        uniq, inverse = np.unique(sites, return_inverse=True)
-        delay = np.empty(len(uniq))
-        bw = np.empty(len(uniq))
-        for i, site in enumerate(uniq.tolist()):
-            p = self._path(node, site)
-            delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
-        return delay[inverse], bw[inverse]
+    def _site_vectors(
+        self, node: str, table: ServiceTable, slots: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One-way delay and bottleneck bandwidth from `node` to each slot's site,
+        recomputed only when the table's sites or the network changed."""
+        key = (node, table.cs_id)
+        cached = self._site_cache.get(key)
+        version = (table.site_version, len(table.site))
+        if cached is None or cached[0] != version:
+            sites = table.site
+            uniq, inverse = np.unique(sites, return_inverse=True)
+            delay = np.empty(len(uniq))
+            bw = np.empty(len(uniq))
+            for i, site in enumerate(uniq.tolist()):
+                p = self._path(node, site) if site >= 0 else None
+                delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
+            cached = self._site_cache[key] = (version, delay[inverse], bw[inverse])
+        return cached[1][slots], cached[2][slots]
 
     def _pending_for(self, table: ServiceTable) -> np.ndarray:
         n = len(table.alive)
@@ -226,7 +238,7 @@ class PathSelector:
         if len(slots) == 0:
             raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
         pending = self._pending_for(table)
-        delay, bw = self._site_vectors(request.ingress, table.site[slots])
+        delay, bw = self._site_vectors(request.ingress, table, slots)
         tps = table.prefill_tps[slots]
         rtt = 2 * delay
         upload = request.prompt_tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
@@ -243,18 +255,22 @@ class PathSelector:
         index = self._index.get(table.cs_id)
         if index is None or index.table is not table:
             index = self._index[table.cs_id] = KeyIndex(table)
-        candidates = 0
-        for s in slots.tolist():
-            candidates |= 1 << s
+        if len(slots) == len(table.by_address):
+            candidates = table.live_mask
+        else:  # some expired: leave them out
+            candidates = 0
+            for s in slots.tolist():
+                candidates |= 1 << s
         keys = request.block_keys
-        position = {s: i for i, s in enumerate(slots.tolist())}
+        position = np.full(n, -1, dtype=np.int64)
+        position[slots] = np.arange(len(slots))
         best_src: tuple[float, int, float, float] | None = None  # (-expected, slot, tok, fetch)
         if len(keys):
             for slot, k in index.prefix_lengths(keys, candidates).items():
                 inst = table.instances[slot]
                 assert inst is not None
-                i = position[slot]
-                tiers = inst.lookup(keys[:k])
+                i = int(position[slot])
+                tiers = inst.prefix_tiers(keys[:k])
                 block = inst.block_size or cfg.default_block_size
                 p = inst.fpr
                 exp_blocks = max(0.0, k - p / (1 - p)) if p < 1 else 0.0
@@ -320,11 +336,11 @@ class PathSelector:
         src = table.instances[src_slot]
         assert src is not None
         node = self.config.node_of(src.site_id)
-        delay, bw = self._site_vectors(node, table.site[slots])
+        delay, bw = self._site_vectors(node, table, slots)
         keys = request.block_keys
         block = src.block_size or self.config.default_block_size
         nblocks = int(np.ceil(cached_tokens / block))
-        tiers = src.lookup(keys[:nblocks])
+        tiers = src.prefix_tiers(keys[:nblocks])
         tier_bw = min(
             (src.tiers[Tier(c)].fetch_bandwidth_mbps for c in np.unique(tiers).tolist() if c),
             default=INF,
