@@ -47,6 +47,7 @@ class Announced:
     prefix: Prefix
     flags: int | None  # None: the route carried no cache attribute
     value: bytes | None
+    as_path: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +87,28 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     events: list[Event] = []
     for routes in (update.get("withdraw") or {}).values():
         events.extend(Withdrawn(peer, ipaddress.ip_network(r["nlri"])) for r in routes)
-    found = find_attribute(update.get("attribute") or {}, type_code)
+    attributes = update.get("attribute") or {}
+    found = find_attribute(attributes, type_code)
     flags, value = found if found else (None, None)
+    as_path = as_path_of(attributes)
     for by_next_hop in (update.get("announce") or {}).values():
         for routes in by_next_hop.values():
             events.extend(
-                Announced(peer, ipaddress.ip_network(r["nlri"]), flags, value) for r in routes
+                Announced(peer, ipaddress.ip_network(r["nlri"]), flags, value, as_path)
+                for r in routes
             )
     return events
+
+
+def as_path_of(attributes: dict[str, Any]) -> tuple[int, ...]:
+    """The AS numbers of ExaBGP's `as-path` ({"0": {"element": ..., "value": [...]}})."""
+    raw = attributes.get("as-path") or {}
+    segments = raw.values() if isinstance(raw, dict) else raw
+    out: list[int] = []
+    for seg in segments:
+        values = seg.get("value", []) if isinstance(seg, dict) else seg
+        out.extend(int(v) for v in values if isinstance(v, int | str) and str(v).isdigit())
+    return tuple(out)
 
 
 # ---- the RIB ------------------------------------------------------------------------
@@ -120,6 +135,7 @@ class Entry:
     flags: int
     verified: bool
     received_at: float
+    as_path: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         adv = self.advertisement
@@ -133,6 +149,7 @@ class Entry:
             "sequence": adv.sequence.sequence,
             "timestamp_ms": adv.timestamp_ms,
             "flags": f"{self.flags:#04x}",
+            "as_path": list(self.as_path),
             "bytes": len(self.value),
             "value": self.value.hex(),
             "verified": self.verified,
@@ -196,7 +213,16 @@ class CacheRib:
             if reason is not None:
                 return self._refuse(key, f"not verified: {reason}")
             verified = True
-        entry = Entry(event.peer, event.prefix, adv, event.value, event.flags or 0, verified, now)
+        entry = Entry(
+            event.peer,
+            event.prefix,
+            adv,
+            event.value,
+            event.flags or 0,
+            verified,
+            now,
+            event.as_path,
+        )
         self.entries[key] = entry
         return [Change("accept", event.peer, event.prefix, entry)]
 
@@ -268,16 +294,28 @@ class FileSink:
         tmp.replace(self.dir / "rib.json")
 
 
+def _tee(lines: Iterable[str], path: Path) -> Iterable[str]:
+    with open(path, "a") as raw:
+        for line in lines:
+            raw.write(line)
+            raw.flush()
+            yield line
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr  # ExaBGP would read anything on our stdout as a command
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
     p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
     p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
+    p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
     args = p.parse_args(argv)
     rib = CacheRib()
     sink = FileSink(args.out, rib)
+    lines: Iterable[str] = sys.stdin
+    if args.raw:
+        lines = _tee(sys.stdin, Path(args.out) / "raw.jsonl")
     with contextlib.suppress(KeyboardInterrupt):
-        run(sys.stdin, rib, sink, type_code=args.type_code)
+        run(lines, rib, sink, type_code=args.type_code)
     return 0
 
 

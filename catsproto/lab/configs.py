@@ -58,7 +58,7 @@ def exabgp_conf(
         ]
         lines.append(f"process announce {{ run {shlex.join(argv)}; encoder text; }}")
     if n.receive:
-        argv = [python, "-m", "catsproto.adapters.exabgp_receive", "--out", out]
+        argv = [python, "-m", "catsproto.adapters.exabgp_receive", "--out", out, "--raw"]
         lines.append(f"process receive {{ run {shlex.join(argv)}; encoder json; }}")
     for local, peer, local_as, peer_as in neighbors:
         body = [

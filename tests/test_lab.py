@@ -1,0 +1,243 @@
+"""Lab tests with real daemons: ExaBGP speakers, FRR and BIRD transits, in namespaces.
+
+They need root (namespaces, FRR). Under CI=true they always run (and fail loudly
+without root); elsewhere, without root, they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from catsproto import examples, wire
+from catsproto.adapters import netns
+from catsproto.adapters.exabgp_announce import value_budget
+from catsproto.lab import runner
+from catsproto.lab.instances import instance_routes
+from catsproto.summary import Summary
+
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+if os.geteuid() != 0 and os.environ.get("CI") != "true":
+    pytestmark = pytest.mark.skip(reason="lab tests need root (network namespaces, FRR, BIRD)")
+
+
+def _adv(address: str, seq: int, *, site: int = 1, score: int = 5) -> bytes:
+    return wire.encode(
+        wire.Advertisement.build(
+            wire.Version(1),
+            wire.Origin(100, site, ipaddress.ip_address(address)),
+            wire.Sequence(epoch=1, sequence=seq),
+            wire.Timestamp(examples.T0_MS + seq),
+            wire.MetricsL2(score),
+        )
+    )
+
+
+def _route(lab: runner.Lab, node: str, prefix: str) -> dict | None:
+    return next((r for r in lab.routes(node) if r["prefix"] == prefix), None)
+
+
+def _wait_value(lab: runner.Lab, node: str, prefix: str, value: bytes, timeout: float = 20):
+    return lab.wait_for(
+        lambda: (r := _route(lab, node, prefix)) and r["value"] == value.hex() and r,
+        timeout,
+        f"{prefix} with the new value at {node}",
+    )
+
+
+def _wait_gone(lab: runner.Lab, node: str, prefix: str, timeout: float = 20) -> None:
+    lab.wait_for(lambda: _route(lab, node, prefix) is None, timeout, f"{prefix} gone at {node}")
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    lab = runner.up(LAB / "cats3.clab.yml", tmp_path_factory.mktemp("lab3"), tag=netns.lab_tag())
+    try:
+        yield lab
+    finally:
+        lab.down()
+        assert netns.leftover_namespaces(lab.tag) == []
+
+
+@pytest.fixture(scope="module")
+def lab4(tmp_path_factory):
+    tag = f"d{os.getpid()}"  # both labs may exist at once: a different tag
+    lab = runner.up(LAB / "cats4.clab.yml", tmp_path_factory.mktemp("lab4"), tag=tag)
+    try:
+        yield lab
+    finally:
+        lab.down()
+        assert netns.leftover_namespaces(lab.tag) == []
+
+
+# ---- 3 nodes: spk (ExaBGP) -> t1 (FRR) -> rcv (ExaBGP), extended messages off ------------
+
+
+def test_change_at_instance_reaches_receiver(lab3):
+    spool = lab3.spool("spk")
+    first, second = _adv("10.101.0.11", 1), _adv("10.101.0.11", 2, score=9)
+    spool.publish("10.101.0.11/32", first)
+    got = _wait_value(lab3, "rcv", "10.101.0.11/32", first)
+    assert got["sequence"] == 1 and got["as_path"] == [65100, 65001]
+    assert int(got["flags"], 16) & wire.FLAG_PARTIAL  # FRR set Partial on re-advertising
+    spool.publish("10.101.0.11/32", second)
+    got = _wait_value(lab3, "rcv", "10.101.0.11/32", second)
+    assert got["sequence"] == 2
+    assert wire.decode(bytes.fromhex(got["value"])).metrics_l2 == wire.MetricsL2(9)
+    spool.withdraw("10.101.0.11/32")
+    _wait_gone(lab3, "rcv", "10.101.0.11/32")
+
+
+def test_stopped_instance_disappears(lab3):
+    node = lab3.topology.nodes["spk"]
+    proc = lab3.handle.start(
+        "spk",
+        "instances-test",
+        [
+            sys.executable,
+            "-m",
+            "catsproto.lab.instances",
+            "--topology",
+            lab3.path,
+            "--node",
+            "spk",
+            "--spool",
+            str(lab3.node_dir("spk") / "spool"),
+            "--interval",
+            "0.5",
+            "--max-message",
+            "4096",
+        ],
+    )
+    origins = {str(i.address) for i in node.instances}
+    try:
+        lab3.wait_for(
+            lambda: {r["origin"] for r in lab3.routes("rcv")} >= origins, 20, "both instances"
+        )
+        shard_routes = [r for r in lab3.routes("rcv") if r["prefix"].startswith("10.201.")]
+        assert shard_routes, "each instance announces shard routes from its own range"
+    finally:
+        lab3.handle.stop(proc)  # SIGTERM: the instance stops and withdraws its routes
+    lab3.wait_for(
+        lambda: not ({r["origin"] for r in lab3.routes("rcv")} & origins), 20, "instances gone"
+    )
+
+
+def test_malformed_attribute_withdraws_only_that_origin(lab3):
+    spool = lab3.spool("spk")
+    good_a, good_b = _adv("10.101.0.21", 1), _adv("10.101.0.22", 1)
+    spool.publish("10.101.0.21/32", good_a)
+    spool.publish("10.101.0.22/32", good_b)
+    _wait_value(lab3, "rcv", "10.101.0.21/32", good_a)
+    _wait_value(lab3, "rcv", "10.101.0.22/32", good_b)
+    downs_before = [e for e in lab3.events("rcv") if e.get("reason") == "down"]
+    broken = bytearray(good_a)
+    broken[3] += 1  # version TLV length one too long: the value no longer decodes
+    with pytest.raises(wire.CodecError):
+        wire.decode(bytes(broken))
+    spool.publish("10.101.0.21/32", bytes(broken))
+    _wait_gone(lab3, "rcv", "10.101.0.21/32")
+    refused = [e for e in lab3.events("rcv") if e["kind"] == "treat-as-withdraw"]
+    assert refused and refused[-1]["prefix"] == "10.101.0.21/32"
+    assert refused[-1]["entry"]["origin"] == "10.101.0.21"  # the state it withdrew
+    assert _route(lab3, "rcv", "10.101.0.22/32")["value"] == good_b.hex()  # untouched
+    time.sleep(0.5)
+    sessions = lab3.sessions()
+    assert set(sessions["t1"].values()) == {"Established"}
+    assert sessions["rcv"] == {"10.0.23.1": "up"}
+    assert [e for e in lab3.events("rcv") if e.get("reason") == "down"] == downs_before
+    # the origin recovers with its next good advertisement on the same session
+    spool.publish("10.101.0.21/32", _adv("10.101.0.21", 2))
+    _wait_value(lab3, "rcv", "10.101.0.21/32", _adv("10.101.0.21", 2))
+    spool.withdraw("10.101.0.21/32")
+    spool.withdraw("10.101.0.22/32")
+
+
+def test_oversized_value_is_refused_before_exabgp(lab3):
+    spool = lab3.spool("spk")
+    big = wire.encode(examples.large_advertisement(5000))
+    prefix = ipaddress.ip_network("10.101.0.31/32")
+    assert len(big) > value_budget(prefix, 4096)
+    spool.publish(prefix, big)
+    marker = _adv("10.101.0.32", 1)
+    spool.publish("10.101.0.32/32", marker)  # announced in the same pass, after the big one
+    _wait_value(lab3, "rcv", "10.101.0.32/32", marker)
+    time.sleep(0.3)
+    assert _route(lab3, "rcv", "10.101.0.31/32") is None
+    log = Path(lab3.run_dir / "spk.exabgp.log").read_text()
+    assert "refused: 10.101.0.31/32" in log
+    spool.withdraw(prefix)
+    spool.withdraw("10.101.0.32/32")
+
+
+def test_summary_larger_than_one_update_arrives_whole_by_sharding(lab3):
+    spec = lab3.topology.nodes["spk"].instances[1]
+    keys = np.unique(np.random.default_rng(7).integers(0, 2**64 - 1, 6000, dtype=np.uint64))
+    whole = Summary.build(keys, 0.01)
+    assert whole.size() > 4096  # one UPDATE could not carry it
+    routes = instance_routes(spec, keys, sequence=1, now_ms=examples.T0_MS, max_message=4096)
+    shards = {p: v for p, v in routes.items() if p != spec.csci}
+    assert len(shards) >= 2
+    for prefix, value in routes.items():
+        assert len(value) <= value_budget(prefix, 4096)
+        lab3.spool("spk").publish(prefix, value)
+    for prefix, value in routes.items():
+        _wait_value(lab3, "rcv", str(prefix), value, timeout=30)
+    # reassemble: every key is in the summary of the shard whose range holds it
+    found = np.zeros(keys.size, dtype=bool)
+    for prefix in shards:
+        adv = wire.decode(bytes.fromhex(_route(lab3, "rcv", str(prefix))["value"]))
+        (entry,) = adv.cache_summaries.entries
+        mine = (keys >= np.uint64(entry.key_lo)) & (keys <= np.uint64(entry.key_hi))
+        summary = Summary.decode(entry.kind, entry.params, entry.body)
+        assert summary.contains_many(keys[mine]).all()
+        found |= mine
+    assert found.all()
+    for prefix in routes:
+        lab3.spool("spk").withdraw(prefix)
+    for prefix in routes:
+        _wait_gone(lab3, "rcv", str(prefix))
+
+
+# ---- 4 sites: FRR core, BIRD at site 4, selector at e1 ----------------------------------
+
+
+def test_advertisement_crosses_bird_and_frr_byte_identical(lab4):
+    value = wire.encode(examples.examples()[3].advertisement)  # extended-length, 3 tiers
+    lab4.spool("e4").publish("10.104.0.11/32", value)
+    got = _wait_value(lab4, "e1", "10.104.0.11/32", value, timeout=30)
+    # e4 (65004) -> b4 BIRD (65204) -> c3 FRR (65103) -> c1 FRR (65101) -> e1
+    assert got["as_path"] == [65101, 65103, 65204, 65004]
+    assert got["value"] == value.hex()
+    assert "10.104.0.11/32" in lab4.birdc("b4", "show route")
+    assert "10.104.0.11/32" in lab4.vtysh("c3", "show bgp ipv4 unicast")
+    lab4.spool("e4").withdraw("10.104.0.11/32")
+    _wait_gone(lab4, "e1", "10.104.0.11/32")
+
+
+def test_every_instance_of_every_site_reaches_the_selector(lab4):
+    expected = {}
+    for name, node in lab4.topology.nodes.items():
+        for seq, spec in enumerate(node.instances, 1):
+            value = _adv(str(spec.address), seq, site=spec.site_id)
+            lab4.spool(name).publish(spec.csci, value)
+            expected[str(spec.csci)] = value.hex()
+    assert len(expected) == 8
+    lab4.wait_for(
+        lambda: (
+            {r["prefix"]: r["value"] for r in lab4.routes("e1") if r["prefix"] in expected}
+            == expected
+        ),
+        30,
+        "all eight instances at e1",
+    )
+    for name, node in lab4.topology.nodes.items():
+        for spec in node.instances:
+            lab4.spool(name).withdraw(spec.csci)
