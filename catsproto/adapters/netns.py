@@ -86,7 +86,16 @@ def load_state(run_dir: str | Path) -> State:
 class NetnsLab:
     """Builds namespaces and links, starts processes in them, and tears all of it down."""
 
-    def __init__(self, run_dir: str | Path, tag: str | None = None, topology: str = "") -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tag: str | None = None,
+        topology: str = "",
+        *,
+        namespaced: bool = True,
+    ) -> None:
+        """namespaced=False runs processes in the current namespace (the no-root mode)."""
+        self.namespaced = namespaced
         self.tag = tag or lab_tag()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +108,7 @@ class NetnsLab:
         """A handle on a lab built by another process, from its saved state."""
         lab = cls.__new__(cls)
         lab.tag, lab.run_dir, lab.state, lab._popen = state.tag, Path(state.run_dir), state, {}
+        lab.namespaced = bool(state.namespaces)
         return lab
 
     # ---- names ---------------------------------------------------------------------
@@ -188,7 +198,7 @@ class NetnsLab:
         full_env.update(env or {})
         with open(log, "ab") as out:
             popen = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns(node), *argv],
+                [*self._prefix(node), *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -202,10 +212,13 @@ class NetnsLab:
         self.save()
         return proc
 
+    def _prefix(self, node: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns(node)] if self.namespaced else []
+
     def run(self, node: str, argv: Sequence[str], timeout: float = 10.0) -> str:
         """Run a short command in the node's namespace and return its stdout."""
         out = subprocess.run(
-            ["ip", "netns", "exec", self.ns(node), *argv],
+            [*self._prefix(node), *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -319,13 +332,13 @@ def teardown(state: State, popen: Mapping[int, subprocess.Popen] | None = None) 
     try:
         stop_groups([p.pid for p in state.processes], popen=popen)
     finally:
-        existing = set(netns.listnetns())
+        existing = set(netns.listnetns()) if state.namespaces else set()
         for name in state.namespaces:
             if name in existing and name.startswith(state.tag + "-"):
                 with contextlib.suppress(OSError):
                     netns.remove(name)
         # veth ends left in the root namespace by a build that failed half way
-        with IPRoute() as ip:
+        with IPRoute() if state.links else contextlib.nullcontext() as ip:
             for a, b in state.links:
                 for end in (a, b):
                     for idx in ip.link_lookup(ifname=end.ifname):

@@ -60,7 +60,7 @@ def exabgp_conf(
     if n.receive:
         argv = [python, "-m", "catsproto.adapters.exabgp_receive", "--out", out, "--raw"]
         lines.append(f"process receive {{ run {shlex.join(argv)}; encoder json; }}")
-    for local, peer, local_as, peer_as in neighbors:
+    for i, (local, peer, local_as, peer_as) in enumerate(neighbors):
         body = [
             f"router-id {local if embedded else topo.router_id(node)};",
             f"local-address {local};",
@@ -77,10 +77,11 @@ def exabgp_conf(
         if not n.extended_message:
             body.append("capability { extended-message disable; }")
         if n.announce:
-            body.append("api speak { processes [ announce ]; }")
+            body.append(f"api speak{i} {{ processes [ announce ]; }}")
         if n.receive:
             body.append(
-                "api hear { processes [ receive ]; receive { parsed; update; } neighbor-changes; }"
+                f"api hear{i} {{ processes [ receive ]; receive {{ parsed; update; }} "
+                "neighbor-changes; }"
             )
         lines.append(f"neighbor {peer} {{\n  " + "\n  ".join(body) + "\n}")
     return "\n".join(lines) + "\n"

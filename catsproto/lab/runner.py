@@ -110,7 +110,10 @@ class Lab:
     def sessions(self) -> dict[str, dict[str, str]]:
         """BGP session state per node and peer, as each daemon reports it."""
         out: dict[str, dict[str, str]] = {}
+        embedded = self.handle.state.info.get("mode") == "embedded"
         for name, node in self.topology.nodes.items():
+            if embedded and node.role != "exabgp":
+                continue
             if node.role == "frr":
                 try:
                     summary = json.loads(self.vtysh(name, "show bgp ipv4 unicast summary json"))

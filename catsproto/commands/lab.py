@@ -1,0 +1,265 @@
+"""`catsproto lab`: bring a topology up without Docker, look at it, capture, tear down.
+
+catsproto lab up lab/cats4.clab.yml      # namespaces + ExaBGP/FRR/BIRD, instances fed
+catsproto lab status                     # sessions and what the selector's RIB holds
+catsproto lab capture e4-b4 -w x.pcap    # tcpdump on one link (BGP only)
+catsproto lab down                       # stop everything, remove the namespaces
+catsproto lab demo                       # up, watch advertisements flow, down
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from catsproto.commands import UsageError
+
+LAB_DIR = Path(__file__).resolve().parent.parent.parent / "lab"
+DEFAULT_TOPOLOGY = LAB_DIR / "cats4.clab.yml"
+
+
+def _topology_path(text: str) -> Path:
+    p = Path(text)
+    if not p.exists() and (LAB_DIR / text).exists():
+        p = LAB_DIR / text
+    if not p.exists() and (LAB_DIR / f"{text}.clab.yml").exists():
+        p = LAB_DIR / f"{text}.clab.yml"
+    if not p.exists():
+        raise UsageError(f"no topology {text} (try lab/cats3.clab.yml or lab/cats4.clab.yml)")
+    return p
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from catsproto.lab.runner import DEFAULT_ROOT
+
+    return Path(args.root) if args.root else DEFAULT_ROOT
+
+
+def _can_netns() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def _one_lab(args: argparse.Namespace) -> Path:
+    from catsproto.lab.runner import running_labs
+
+    labs = running_labs(_root(args))
+    if args.tag:
+        match = [p for p in labs if p.name == args.tag]
+        if not match:
+            raise UsageError(f"no running lab {args.tag} under {_root(args)}")
+        return match[0]
+    if not labs:
+        raise UsageError(f"no running lab under {_root(args)} (start one with `lab up`)")
+    if len(labs) > 1:
+        raise UsageError("several labs are running: " + ", ".join(p.name for p in labs))
+    return labs[0]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from catsproto.lab import embedded, runner
+    from catsproto.lab.topology import TopologyError
+
+    path = _topology_path(args.topology)
+    started = time.monotonic()
+    try:
+        if args.embedded or not _can_netns():
+            lab = embedded.up(path, _root(args) if args.root else Path("/tmp/catsproto-lab"))
+            if not args.no_feed:
+                runner.start_feeders(lab, args.interval)
+        else:
+            lab = runner.up(path, _root(args), feed=not args.no_feed, feed_interval=args.interval)
+    except TopologyError as exc:
+        raise UsageError(str(exc)) from None
+    mode = lab.handle.state.info.get("mode", "netns")
+    print(f"lab {lab.tag} ({lab.topology.name}, {mode}) up in {time.monotonic() - started:.2f}s")
+    print(f"run directory: {lab.run_dir}")
+    for name, node in lab.topology.nodes.items():
+        extra = f", {len(node.instances)} instances" if node.instances else ""
+        recv = ", receives" if node.receive else ""
+        print(f"  {name:5} {node.role:7} AS{node.asn}{extra}{recv}")
+    print(f"next: catsproto lab status --tag {lab.tag}; catsproto lab down --tag {lab.tag}")
+    return 0
+
+
+def _print_status(run_dir: Path) -> None:
+    from catsproto.lab import runner, view
+
+    lab = runner.attach(run_dir)
+    print(f"lab {lab.tag} ({lab.topology.name}) in {run_dir}")
+    alive = sum(lab.handle.alive(p) for p in lab.handle.state.processes)
+    print(f"processes: {alive}/{len(lab.handle.state.processes)} running")
+    shaping = lab.handle.state.info.get("shaping", {})
+    if shaping:
+        print(f"link shaping: {sorted(set(shaping.values()))[0]}")
+    print("BGP sessions:")
+    for node, peers in lab.sessions().items():
+        states = ", ".join(f"{p} {s}" for p, s in sorted(peers.items())) or "-"
+        print(f"  {node:5} {states}")
+    for name, node in lab.topology.nodes.items():
+        if node.receive:
+            rows = view.origin_rows(lab.rib(name), lab.topology)
+            print(f"\ncache state at {name} (the selector's RIB): {len(rows)} origins")
+            if rows:
+                print(view.table(rows, view.ORIGIN_HEADER))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _print_status(_one_lab(args))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from catsproto.lab.runner import down, running_labs
+
+    targets = running_labs(_root(args)) if args.all else [_one_lab(args)]
+    for run_dir in targets:
+        started = time.monotonic()
+        down(run_dir)
+        print(f"lab {run_dir.name} down in {time.monotonic() - started:.2f}s")
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from catsproto.lab import runner
+    from catsproto.lab.topology import TopologyError
+
+    lab = runner.attach(_one_lab(args))
+    try:
+        link = lab.topology.find_link(args.link)
+    except TopologyError as exc:
+        raise UsageError(str(exc)) from None
+    index = lab.topology.links.index(link)
+    end = lab.handle.state.links[index][0]
+    out = Path(args.write or f"{lab.tag}-{link.a.node}-{link.b.node}.pcap").resolve()
+    argv = ["tcpdump", "-i", end.ifname, "-U", "-w", str(out), "-Z", "root", args.filter]
+    if lab.handle.namespaced:
+        argv = ["ip", "netns", "exec", lab.handle.ns(end.node), *argv]
+    print(f"capturing {link.name} ({end.ifname}) to {out} for {args.seconds:g}s", flush=True)
+    proc = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=args.seconds)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    print(f"wrote {out} ({out.stat().st_size if out.exists() else 0} bytes)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Up (namespaces as root, loopback otherwise), watch the RIB, down."""
+    from catsproto.lab import embedded, runner, view
+
+    path = _topology_path(args.topology)
+    root = _root(args) if (args.root or _can_netns()) else Path("/tmp/catsproto-lab")
+    netns_mode = _can_netns() and not args.embedded
+    started = time.monotonic()
+    lab = (
+        runner.up(path, root, feed=True, feed_interval=args.interval)
+        if netns_mode
+        else embedded.up(path, root)
+    )
+    try:
+        if not netns_mode:
+            runner.start_feeders(lab, args.interval)
+        mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no root"
+        print(f"lab {lab.topology.name} up ({mode}) in {time.monotonic() - started:.2f}s")
+        receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
+        expected = sum(len(n.instances) for n in lab.topology.nodes.values())
+        if not netns_mode:  # on loopback the receiver's own instances reach no one
+            expected -= len(lab.topology.nodes[receiver].instances)
+        try:
+            lab.wait_for(
+                lambda: len(view.origin_rows(lab.rib(receiver), lab.topology)) >= expected,
+                args.seconds,
+                f"{expected} origins at {receiver}",
+            )
+        except runner.LabError as exc:
+            print(f"warning: {exc}")
+        print(f"advertisements flowing to {receiver} after {time.monotonic() - started:.2f}s:")
+        rows = view.origin_rows(lab.rib(receiver), lab.topology)
+        print(view.table(rows, view.ORIGIN_HEADER))
+        time.sleep(args.interval * 1.5)
+        later = view.origin_rows(lab.rib(receiver), lab.topology)
+        print(f"\n{args.interval * 1.5:g}s later (instances' caches changed):")
+        print(view.table(later, view.ORIGIN_HEADER))
+        accepted = sum(e["kind"] == "accept" for e in lab.events(receiver))
+        print(f"\n{accepted} advertisements accepted at {receiver}")
+    finally:
+        t = time.monotonic()
+        lab.down()
+        print(f"lab down in {time.monotonic() - t:.2f}s")
+    return 0 if rows else 1
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    """Container entrypoint: shape this node's links, render its config, run its daemon."""
+    from catsproto.lab import container
+
+    name = args.node or os.environ.get("CATSPROTO_NODE")
+    if not name:
+        raise UsageError("which node? give --node or set CATSPROTO_NODE")
+    return container.run_node(_topology_path(args.topology), name)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    lab = subparsers.add_parser(
+        "lab",
+        help="the BGP lab: namespaces, ExaBGP, FRR, BIRD",
+        description="Run a containerlab topology without Docker (network namespaces), "
+        "or on loopback without root.",
+    )
+    sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--root", help="where run directories live (default /run/catsproto)")
+        p.add_argument("--tag", help="which lab, when several run")
+
+    p = sub.add_parser("up", help="build the topology and start its daemons")
+    p.add_argument("topology", help="a .clab.yml file, or cats3 / cats4")
+    p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
+    p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
+    p.add_argument("--interval", type=float, default=2.0, help="instance update interval (s)")
+    common(p)
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", help="sessions and the receiver's cache state")
+    common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("capture", help="tcpdump one link into a pcap")
+    p.add_argument("link", help="link index, node:iface, or nodeA-nodeB")
+    p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--filter", default="tcp port 179")
+    common(p)
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("down", help="stop the daemons and remove the namespaces")
+    p.add_argument("--all", action="store_true", help="every lab under --root")
+    common(p)
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("demo", help="up, show advertisements flowing, down")
+    p.add_argument("topology", nargs="?", default=str(DEFAULT_TOPOLOGY))
+    p.add_argument("--embedded", action="store_true", help="loopback mode even as root")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--seconds", type=float, default=20.0, help="how long to wait for routes")
+    common(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("node", help="(in a container) run one node of a topology")
+    p.add_argument("--topology", required=True)
+    p.add_argument("--node", help="default: $CATSPROTO_NODE")
+    p.set_defaults(func=cmd_node)

@@ -1,0 +1,61 @@
+"""What a receiver's RIB shows, per origin: blocks advertised, routes, path, verification.
+
+Pure: takes the `rib.json` dict that `exabgp_receive` writes and the topology (to name
+the transit routers on the AS path) and returns table rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from catsproto import wire
+from catsproto.lab.topology import Topology
+
+
+def as_names(topology: Topology) -> dict[int, str]:
+    return {n.asn: f"{n.name}({n.role})" for n in topology.nodes.values()}
+
+
+def origin_rows(rib: dict[str, Any], topology: Topology) -> list[list[str]]:
+    """One row per origin: address, site, sequence, routes, blocks, path, verified."""
+    names = as_names(topology)
+    by_origin: dict[str, list[dict[str, Any]]] = {}
+    for route in rib.get("routes", []):
+        by_origin.setdefault(route["origin"], []).append(route)
+    rows = []
+    for origin, routes in sorted(by_origin.items()):
+        blocks = 0
+        for r in routes:
+            try:
+                adv = wire.decode(bytes.fromhex(r["value"]))
+            except (wire.CodecError, ValueError):
+                continue
+            if adv.cache_summaries:
+                blocks += sum(e.entry_count for e in adv.cache_summaries.entries)
+        longest = max((r.get("as_path", []) for r in routes), key=len)
+        transits = [names.get(asn, str(asn)) for asn in longest[:-1]]
+        rows.append(
+            [
+                origin,
+                str(routes[0]["site_id"]),
+                str(max(r["sequence"] for r in routes)),
+                str(len(routes)),
+                str(sum(r["bytes"] for r in routes)),
+                str(blocks),
+                " > ".join(transits) or "direct",
+                "yes" if all(r["verified"] for r in routes) else "no (unsigned)",
+            ]
+        )
+    return rows
+
+
+ORIGIN_HEADER = ["origin", "site", "seq", "routes", "bytes", "blocks", "via", "verified"]
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
