@@ -72,6 +72,14 @@ class Reader:
             raise BadValueError(f"{field} is not a finite number", start, self.tlv_type)
         return value
 
+    def unpack(self, fmt: struct.Struct) -> tuple | None:
+        """All of `fmt` at once, or None (nothing consumed) if the window is too short."""
+        start = self._pos
+        if fmt.size > self._end - start:
+            return None
+        self._pos = start + fmt.size
+        return fmt.unpack_from(self._data, start)
+
     def bytes(self, n: int, field: str) -> bytes:
         start = self._take(n, field)
         return bytes(self._data[start : start + n])
@@ -80,26 +88,35 @@ class Reader:
         """Everything left in the window (for opaque trailing fields)."""
         return self.bytes(self.remaining, "rest")
 
-    @contextmanager
-    def restrict_to(self, length: int, field: str, tlv_type: int | None = None) -> Iterator[Reader]:
-        """Yield a reader over the next `length` bytes that must be consumed whole."""
+    def window(self, length: int, field: str, tlv_type: int | None = None) -> Reader:
+        """A reader over the next `length` bytes; hand it back to `close` when done."""
         start = self._pos
+        inner_type = self.tlv_type if tlv_type is None else tlv_type
         if length > self._end - start:
             raise BadLengthError(
                 f"{field} length {length} exceeds remaining {self._end - start} bytes",
                 start,
-                self.tlv_type if tlv_type is None else tlv_type,
+                inner_type,
             )
-        inner_type = self.tlv_type if tlv_type is None else tlv_type
-        inner = Reader(self._data, start, start + length, inner_type)
-        yield inner
-        if inner.remaining:
+        return Reader(self._data, start, start + length, inner_type)
+
+    def close(self, inner: Reader, field: str) -> None:
+        """Step past `inner`'s window, which must have been consumed whole."""
+        if inner._pos != inner._end:
             raise BadLengthError(
-                f"{field} leaves {inner.remaining} of {length} bytes unread",
-                inner.offset,
+                f"{field} leaves {inner._end - inner._pos} of {inner._end - self._pos} "
+                "bytes unread",
+                inner._pos,
                 inner.tlv_type,
             )
-        self._pos = start + length
+        self._pos = inner._end
+
+    @contextmanager
+    def restrict_to(self, length: int, field: str, tlv_type: int | None = None) -> Iterator[Reader]:
+        """Yield a reader over the next `length` bytes that must be consumed whole."""
+        inner = self.window(length, field, tlv_type)
+        yield inner
+        self.close(inner, field)
 
 
 class Writer:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import struct
 import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -54,6 +55,7 @@ class UInt(FieldCodec):
 
     def __init__(self, width: int, lo: int = 0, hi: int | None = None):
         self.width = width
+        self.fmt = {1: "B", 2: "H", 4: "I", 8: "Q"}[width]
         self.lo = lo
         self.hi = (1 << (8 * width)) - 1 if hi is None else hi
         self._read = {1: Reader.u8, 2: Reader.u16, 4: Reader.u32, 8: Reader.u64}[width]
@@ -61,9 +63,11 @@ class UInt(FieldCodec):
 
     def read(self, r: Reader, name: str) -> int:
         start = r.offset
-        value = self._read(r, name)
+        return self.convert(self._read(r, name), name, start, r.tlv_type)
+
+    def convert(self, value: int, name: str, at: int, tlv_type: int | None) -> int:
         if not self.lo <= value <= self.hi:
-            raise BadValueError(f"{name} {value} outside {self.lo}..{self.hi}", start, r.tlv_type)
+            raise BadValueError(f"{name} {value} outside {self.lo}..{self.hi}", at, tlv_type)
         return value
 
     def write(self, w: Writer, value: int) -> None:
@@ -87,18 +91,20 @@ class EnumCodec(FieldCodec):
 
     def __init__(self, inner: UInt, enum_type: type[enum.IntEnum]):
         self.inner = inner
+        self.fmt = inner.fmt
         self.enum_type = enum_type
+        self.members = {int(m): m for m in enum_type}
         self.names = ", ".join(m.name.lower() for m in enum_type)
 
     def read(self, r: Reader, name: str) -> enum.IntEnum:
         start = r.offset
-        value = self.inner.read(r, name)
-        try:
-            return self.enum_type(value)
-        except ValueError:
-            raise BadValueError(
-                f"{name} {value} is not one of {self.names}", start, r.tlv_type
-            ) from None
+        return self.convert(self.inner._read(r, name), name, start, r.tlv_type)
+
+    def convert(self, value: int, name: str, at: int, tlv_type: int | None) -> enum.IntEnum:
+        member = self.members.get(value)
+        if member is None:
+            raise BadValueError(f"{name} {value} is not one of {self.names}", at, tlv_type)
+        return member
 
     def write(self, w: Writer, value: enum.IntEnum) -> None:
         self.inner.write(w, int(value))
@@ -120,8 +126,15 @@ class EnumCodec(FieldCodec):
 class Float64(FieldCodec):
     """IEEE 754 binary64; NaN and infinities are refused (they have no single encoding)."""
 
+    fmt = "d"
+
     def read(self, r: Reader, name: str) -> float:
         return r.f64(name)
+
+    def convert(self, value: float, name: str, at: int, tlv_type: int | None) -> float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise BadValueError(f"{name} is not a finite number", at, tlv_type)
+        return value
 
     def write(self, w: Writer, value: float) -> None:
         w.f64(value)
@@ -312,6 +325,7 @@ class Record:
 
     __slots__ = ()
     _LAYOUT: ClassVar[tuple[tuple[str, FieldCodec], ...]] = ()
+    _STEPS: ClassVar[tuple[_FixedRun | tuple[str, FieldCodec], ...]] = ()
 
     def __post_init__(self) -> None:
         for name, codec in self._LAYOUT:
@@ -327,12 +341,33 @@ class Record:
 
     @classmethod
     def decode_from(cls: type[R], r: Reader) -> R:
+        """Read the fields in order. Runs of fixed-width fields are unpacked with one
+        struct call; each value is range-checked as it is read, so only the record's
+        cross-field `validate` runs afterwards."""
         start = r.offset
-        values = [codec.read(r, name) for name, codec in cls._LAYOUT]
+        obj = object.__new__(cls)
+        for step in cls._STEPS:
+            if isinstance(step, _FixedRun):
+                at = r.offset
+                values = r.unpack(step.struct)
+                if values is None:  # too short: read field by field to say which one
+                    for name, codec in step.fields:
+                        object.__setattr__(obj, name, codec.read(r, name))
+                    continue
+                for (name, codec), offset, value in zip(
+                    step.fields, step.offsets, values, strict=True
+                ):
+                    object.__setattr__(
+                        obj, name, codec.convert(value, name, at + offset, r.tlv_type)
+                    )
+            else:
+                name, codec = step
+                object.__setattr__(obj, name, codec.read(r, name))
         try:
-            return cls(*values)
+            obj.validate()
         except CodecError as exc:
             raise exc.located(start, r.tlv_type) from None
+        return obj
 
     def to_json(self) -> JSON:
         return {name: codec.to_json(getattr(self, name)) for name, codec in self._LAYOUT}
@@ -353,6 +388,35 @@ class Record:
         return cls(*(codec.from_json(obj[n], prefix + n) for n, codec in cls._LAYOUT))
 
 
+class _FixedRun:
+    """Consecutive fixed-width fields, unpacked together."""
+
+    def __init__(self, fields: list[tuple[str, FieldCodec]]):
+        self.fields = tuple(fields)
+        self.struct = struct.Struct(">" + "".join(c.fmt for _, c in fields))  # type: ignore[attr-defined]
+        offsets, at = [], 0
+        for _, codec in fields:
+            offsets.append(at)
+            at += struct.calcsize(">" + codec.fmt)  # type: ignore[attr-defined]
+        self.offsets = tuple(offsets)
+
+
+def _steps(layout: list[tuple[str, FieldCodec]]) -> tuple[_FixedRun | tuple[str, FieldCodec], ...]:
+    steps: list[_FixedRun | tuple[str, FieldCodec]] = []
+    run: list[tuple[str, FieldCodec]] = []
+    for name, codec in layout:
+        if hasattr(codec, "convert"):
+            run.append((name, codec))
+            continue
+        if run:
+            steps.append(_FixedRun(run))
+            run = []
+        steps.append((name, codec))
+    if run:
+        steps.append(_FixedRun(run))
+    return tuple(steps)
+
+
 def record(cls: type[R]) -> type[R]:
     """Make `cls` a frozen, slotted dataclass and fix its wire layout from annotations."""
     cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
@@ -367,4 +431,5 @@ def record(cls: type[R]) -> type[R]:
             codec = EnumCodec(codec, base)
         layout.append((f.name, codec))
     cls._LAYOUT = tuple(layout)
+    cls._STEPS = _steps(layout)
     return cls

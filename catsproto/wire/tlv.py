@@ -111,7 +111,7 @@ class Registry:
         tlv_type = r.u16("TLV type")
         length = r.u16("TLV length")
         cls = self.by_type.get(tlv_type)
-        with r.restrict_to(length, "TLV value", tlv_type) as inner:
-            if cls is None:
-                return UnknownTLV(tlv_type, inner.rest())
-            return cls.decode_from(inner)
+        inner = r.window(length, "TLV value", tlv_type)
+        tlv = UnknownTLV(tlv_type, inner.rest()) if cls is None else cls.decode_from(inner)
+        r.close(inner, "TLV value")
+        return tlv
