@@ -10,54 +10,26 @@ import argparse
 import importlib
 import json
 import pkgutil
-import string
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from catsproto import wire
-from catsproto.commands import UsageError
+from catsproto.commands import UsageError, bytes_from_input, read_input
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
-_HEX = set(string.hexdigits + string.whitespace)
-
-
-def _read_input(source: str) -> bytes:
-    if source == "-":
-        return sys.stdin.buffer.read()
-    try:
-        return Path(source).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {source}: {exc.strerror}") from None
-
-
-def bytes_from_input(raw: bytes) -> bytes:
-    """Hex text (whitespace and a leading 0x allowed) becomes bytes; anything else is raw."""
-    text = raw.strip()
-    if text[:2].lower() == b"0x":
-        text = text[2:]
-    try:
-        decoded = text.decode("ascii")
-    except UnicodeDecodeError:
-        return raw
-    if decoded and set(decoded) <= _HEX:
-        try:
-            return bytes.fromhex(decoded)
-        except ValueError:
-            raise UsageError("input looks like hex but has an odd number of digits") from None
-    return raw
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    data = bytes_from_input(_read_input(args.file))
+    data = bytes_from_input(read_input(args.file))
     adv = wire.decode_attribute_value(data, args.type_code) if args.attribute else wire.decode(data)
     print(json.dumps(adv.to_json(), indent=None if args.compact else 2))
     return 0
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    raw = _read_input(args.file)
+    raw = read_input(args.file)
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:

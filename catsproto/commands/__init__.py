@@ -5,6 +5,41 @@ Every module here defines `register(subparsers)`, which adds its parser(s) and s
 finds the modules by listing this package, so adding a command touches no shared file.
 """
 
+from __future__ import annotations
+
+import string
+import sys
+from pathlib import Path
+
+_HEX = set(string.hexdigits + string.whitespace)
+
 
 class UsageError(Exception):
     """Input a command cannot use: the CLI prints it as one line and exits with 2."""
+
+
+def read_input(source: str) -> bytes:
+    """The bytes of a file, or of stdin for `-`."""
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror}") from None
+
+
+def bytes_from_input(raw: bytes) -> bytes:
+    """Hex text (whitespace and a leading 0x allowed) becomes bytes; anything else is raw."""
+    text = raw.strip()
+    if text[:2].lower() == b"0x":
+        text = text[2:]
+    try:
+        decoded = text.decode("ascii")
+    except UnicodeDecodeError:
+        return raw
+    if decoded and set(decoded) <= _HEX:
+        try:
+            return bytes.fromhex(decoded)
+        except ValueError:
+            raise UsageError("input looks like hex but has an odd number of digits") from None
+    return raw

@@ -1,0 +1,203 @@
+"""`catsproto keygen | authorize | sign | verify`: keys, delegations and signatures.
+
+The logic is in `catsproto.security.commands` (pure); this module reads files, draws
+randomness and the clock, and prints. Private key files are created 0600 and never
+overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from catsproto import wire
+from catsproto.commands import UsageError, bytes_from_input, read_input
+from catsproto.security import commands
+
+
+def _json(path: str) -> Any:
+    try:
+        return json.loads(read_input(path))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not JSON: line {exc.lineno} column {exc.colno}") from None
+
+
+def _write_private(path: str, obj: object) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{path} exists; not overwriting a key file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(obj, indent=2) + "\n")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Security input errors are usage errors: one line, exit 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except commands.CommandError as exc:
+            raise UsageError(str(exc)) from None
+
+    return run
+
+
+@_guard
+def cmd_keygen(args: argparse.Namespace) -> int:
+    if args.group is not None:
+        _write_private(args.out, commands.group_keygen(args.group, os.urandom(32)))
+        print(f"wrote group key {args.group} to {args.out}")
+    else:
+        key = commands.keygen(os.urandom(32), args.name)
+        _write_private(args.out, key)
+        print(json.dumps(commands.public_key(key)))
+    return 0
+
+
+@_guard
+def cmd_authorize(args: argparse.Namespace) -> int:
+    start = args.not_before_ms if args.not_before_ms is not None else _now_ms()
+    delegation = commands.authorize(
+        _json(args.operator_key),
+        args.node_public_key,
+        cs_ids=args.cs_id,
+        routes=args.route,
+        addresses=args.address,
+        not_before_ms=start,
+        not_after_ms=start + int(args.days * 86_400_000),
+    )
+    print(json.dumps(delegation, indent=2))
+    return 0
+
+
+@_guard
+def cmd_trust(args: argparse.Namespace) -> int:
+    operators = []
+    for path in args.operator:
+        key = _json(path)
+        operators.append(commands.public_key(key) if "seed" in key else key)
+    trust = {
+        "format": "catsproto-trust/1",
+        "operators": operators,
+        "delegations": [_json(p) for p in args.delegation],
+    }
+    commands.load_trust(trust)  # refuse to write a trust file that would not load
+    print(json.dumps(trust, indent=2))
+    return 0
+
+
+@_guard
+def cmd_sign(args: argparse.Namespace) -> int:
+    value = bytes_from_input(read_input(args.file))
+    if args.seal:
+        value = commands.seal_value(value, [_json(p) for p in args.seal], os.urandom(12))
+    delegation = _json(args.delegation) if args.delegation else None
+    signed = commands.sign_value(
+        value, _json(args.key), commands.parse_nlri(args.route), args.type_code, delegation
+    )
+    print(signed.hex())
+    return 0
+
+
+@_guard
+def cmd_verify(args: argparse.Namespace) -> int:
+    verdict = commands.verify_value(
+        bytes_from_input(read_input(args.file)),
+        commands.parse_nlri(args.route),
+        _json(args.trust),
+        args.now_ms if args.now_ms is not None else _now_ms(),
+        max_age_ms=args.max_age_ms,
+        max_future_ms=args.max_future_ms,
+        attribute_type=args.type_code,
+        group_keys=[_json(p) for p in args.group_key] or None,
+    )
+    out = verdict.to_json()
+    if verdict.ok and args.show:
+        out["advertisement"] = verdict.advertisement.to_json()
+    print(json.dumps(out))
+    return 0 if verdict.ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "keygen", help="new Ed25519 key file (or --group ID: an AEAD group key), mode 0600"
+    )
+    p.add_argument("out", help="file to create (refuses to overwrite)")
+    p.add_argument("--name", default="", help="a label stored with the key")
+    p.add_argument("--group", type=int, metavar="KEY_ID", help="make a group key with this id")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser(
+        "authorize",
+        help="operator key signs a delegation for a node key (JSON on stdout)",
+        description="Authorise NODE_PUBLIC_KEY (hex) for CS-IDs, routes and addresses.",
+    )
+    p.add_argument("operator_key", help="operator private key file")
+    p.add_argument("node_public_key", help="node public key, hex")
+    p.add_argument("--cs-id", type=int, action="append", required=True, help="repeatable")
+    p.add_argument("--route", action="append", required=True, help="prefix; repeatable")
+    p.add_argument("--address", action="append", required=True, help="instance address")
+    p.add_argument("--days", type=float, default=30.0, help="validity (default 30)")
+    p.add_argument("--not-before-ms", type=int, help="start of validity (default now)")
+    p.set_defaults(func=cmd_authorize)
+
+    p = sub.add_parser(
+        "trust",
+        help="build a trust file from operator keys and delegations (JSON on stdout)",
+    )
+    p.add_argument(
+        "--operator",
+        action="append",
+        required=True,
+        help="operator key file (private or public); repeatable",
+    )
+    p.add_argument(
+        "--delegation",
+        action="append",
+        default=[],
+        help="delegation file from `catsproto authorize`; repeatable",
+    )
+    p.set_defaults(func=cmd_trust)
+
+    p = sub.add_parser("sign", help="sign an attribute value (hex or raw) for one route")
+    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p.add_argument("--key", required=True, help="node private key file")
+    p.add_argument("--route", required=True, help="the prefix the value is announced on")
+    p.add_argument("--delegation", help="carry this delegation (JSON file) in the value")
+    p.add_argument(
+        "--seal",
+        action="append",
+        default=[],
+        metavar="GROUP_KEY",
+        help="encrypt the cache section for holders of this group key",
+    )
+    p.add_argument("--type-code", type=int, default=wire.DEFAULT_ATTRIBUTE_TYPE)
+    p.set_defaults(func=cmd_sign)
+
+    p = sub.add_parser(
+        "verify", help="verify a signed value: exit 0 if accepted, 1 with the reason if not"
+    )
+    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p.add_argument("--trust", required=True, help="trust store file (catsproto-trust/1)")
+    p.add_argument("--route", required=True, help="the prefix the value arrived on")
+    p.add_argument("--now-ms", type=int, help="verification time (default now)")
+    p.add_argument("--max-age-ms", type=int, default=120_000)
+    p.add_argument("--max-future-ms", type=int, default=5_000)
+    p.add_argument("--group-key", action="append", default=[], help="group key file(s)")
+    p.add_argument("--type-code", type=int, default=wire.DEFAULT_ATTRIBUTE_TYPE)
+    p.add_argument("--show", action="store_true", help="print the verified advertisement too")
+    p.set_defaults(func=cmd_verify)
+
+
+__all__ = ["register"]
