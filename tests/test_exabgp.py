@@ -163,7 +163,11 @@ def test_rib_accepts_withdraws_and_treats_malformed_as_withdraw_of_that_route_on
 
 def test_rib_verifier_refusal_is_treat_as_withdraw_and_session_down_clears_peer():
     rib = rx.CacheRib(
-        verifier=lambda value, adv, prefix: None if adv.sequence.sequence > 1 else "replayed"
+        verifier=lambda value, adv, prefix: (
+            rx.Verification(True, True)
+            if adv.sequence.sequence > 1
+            else rx.Verification(False, False, "replayed")
+        )
     )
     for seq, kind in ((1, "treat-as-withdraw"), (2, "accept")):
         (ev,) = rx.parse_message(_update({"attribute-0xFF-0xC0": _value(seq).hex()}, [str(P1)]))

@@ -7,6 +7,7 @@ without root); elsewhere, without root, they are skipped with the reason.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catsproto import examples, wire
+from catsproto import examples, security, wire
 from catsproto.adapters import netns
 from catsproto.adapters.exabgp_announce import value_budget
 from catsproto.lab import runner
@@ -209,17 +210,56 @@ def test_summary_larger_than_one_update_arrives_whole_by_sharding(lab3):
 # ---- 4 sites: FRR core, BIRD at site 4, selector at e1 ----------------------------------
 
 
-def test_advertisement_crosses_bird_and_frr_byte_identical(lab4):
-    value = wire.encode(examples.examples()[3].advertisement)  # extended-length, 3 tiers
-    lab4.spool("e4").publish("10.104.0.11/32", value)
-    got = _wait_value(lab4, "e1", "10.104.0.11/32", value, timeout=30)
+def _trust(lab: runner.Lab, node: str, signer: security.SigningKey, routes: str) -> None:
+    """An operator authorises `signer` for `routes`; the receiver at `node` trusts it."""
+    operator = security.SigningKey.from_seed(bytes(range(32)))
+    now = int(time.time() * 1000)
+    delegation = security.authorise(
+        operator,
+        signer.public.raw,
+        cs_ids=[100],
+        routes=[routes],
+        addresses=[routes],
+        not_before_ms=now - 60_000,
+        not_after_ms=now + 3_600_000,
+    )
+    store = (
+        security.TrustStore().with_operator(operator.public.raw, "lab").with_delegation(delegation)
+    )
+    (lab.node_dir(node) / "trust.json").write_text(json.dumps(store.to_json()))
+
+
+def test_advertisement_crosses_bird_and_frr_byte_identical_and_verified(lab4):
+    signer = security.SigningKey.from_seed(bytes([7]) * 32)
+    _trust(lab4, "e1", signer, "10.104.0.0/16")
+    prefix = ipaddress.ip_network("10.104.0.11/32")
+    adv = examples.examples()[3].advertisement.replace(  # extended length, three tiers
+        wire.Origin(100, 4, prefix.network_address), wire.Timestamp(int(time.time() * 1000))
+    )
+    value = wire.encode(security.sign(adv, signer, prefix))
+    lab4.spool("e4").publish(prefix, value)
+    got = _wait_value(lab4, "e1", str(prefix), value, timeout=30)
     # e4 (65004) -> b4 BIRD (65204) -> c3 FRR (65103) -> c1 FRR (65101) -> e1
     assert got["as_path"] == [65101, 65103, 65204, 65004]
-    assert got["value"] == value.hex()
+    assert got["value"] == value.hex() and got["verified"] is True
     assert "10.104.0.11/32" in lab4.birdc("b4", "show route")
     assert "10.104.0.11/32" in lab4.vtysh("c3", "show bgp ipv4 unicast")
-    lab4.spool("e4").withdraw("10.104.0.11/32")
-    _wait_gone(lab4, "e1", "10.104.0.11/32")
+    # the same signed bytes moved to another route do not verify: treat-as-withdraw
+    lab4.spool("e4").publish("10.104.0.12/32", value)
+    lab4.wait_for(
+        lambda: any(
+            e["kind"] == "treat-as-withdraw" and e["prefix"] == "10.104.0.12/32"
+            for e in lab4.events("e1")
+        ),
+        30,
+        "refusal of the moved advertisement",
+    )
+    assert _route(lab4, "e1", "10.104.0.12/32") is None
+    assert _route(lab4, "e1", str(prefix))["verified"] is True
+    for p in (prefix, "10.104.0.12/32"):
+        lab4.spool("e4").withdraw(p)
+    _wait_gone(lab4, "e1", str(prefix))
+    (lab4.node_dir("e1") / "trust.json").unlink()
 
 
 def test_every_instance_of_every_site_reaches_the_selector(lab4):

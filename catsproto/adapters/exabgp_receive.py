@@ -114,14 +114,65 @@ def as_path_of(attributes: dict[str, Any]) -> tuple[int, ...]:
 # ---- the RIB ------------------------------------------------------------------------
 
 
-class Verifier(Protocol):
-    """Checks one value on one route; returns the reason for refusing it, or None.
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """A verifier's answer: keep the state or not, and whether a signature vouched for it."""
 
-    `catsproto.security` plugs in here (signature, trust, replay); without one,
-    decoding is the only check and entries are marked unverified.
+    accepted: bool
+    verified: bool
+    reason: str = ""
+
+
+UNVERIFIED = Verification(True, False, "no trust configured")
+
+
+class Verifier(Protocol):
+    """Checks one value on one route (`catsproto.security` plugs in: `TrustFileVerifier`).
+
+    Without a verifier, decoding is the only check and entries are marked unverified.
     """
 
-    def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> str | None: ...
+    def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification: ...
+
+
+class TrustFileVerifier:
+    """Verifies against a trust file (operator keys, delegations), reloaded when it changes.
+
+    No file: accepted unverified. Signature, scope, freshness and replay are
+    `catsproto.security.Receiver`'s; a re-sent identical advertisement (BGP does that)
+    stays accepted.
+    """
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self._stamp: tuple[int, int] | None = None
+        self._receiver: Any = None
+
+    def _current(self) -> Any:
+        from catsproto import security
+
+        try:
+            st = self.path.stat()
+        except OSError:
+            self._stamp, self._receiver = None, None
+            return None
+        if (st.st_mtime_ns, st.st_size) != self._stamp:
+            trust = security.TrustStore.from_json(json.loads(self.path.read_text()))
+            self._receiver = security.Receiver(trust)
+            self._stamp = (st.st_mtime_ns, st.st_size)
+        return self._receiver
+
+    def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification:
+        from catsproto.security import Reason
+
+        receiver = self._current()
+        if receiver is None:
+            return UNVERIFIED
+        verdict, self._receiver = receiver.receive(value, prefix, int(self.clock() * 1000))
+        if verdict.reason in (Reason.OK, Reason.DUPLICATE):
+            return Verification(True, True)
+        return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,19 +258,18 @@ class CacheRib:
         except wire.CodecError as exc:
             action = wire.error_action(exc)
             return self._refuse(key, f"malformed ({action.name.lower()}): {exc}")
-        verified = False
+        check = UNVERIFIED
         if self.verifier is not None:
-            reason = self.verifier(event.value, adv, event.prefix)
-            if reason is not None:
-                return self._refuse(key, f"not verified: {reason}")
-            verified = True
+            check = self.verifier(event.value, adv, event.prefix)
+        if not check.accepted:
+            return self._refuse(key, f"not verified: {check.reason}")
         entry = Entry(
             event.peer,
             event.prefix,
             adv,
             event.value,
             event.flags or 0,
-            verified,
+            check.verified,
             now,
             event.as_path,
         )
@@ -307,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
     p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
     p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
+    p.add_argument("--trust", help="trust file (catsproto.security); read when it changes")
     p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
     args = p.parse_args(argv)
-    rib = CacheRib()
+    rib = CacheRib(verifier=TrustFileVerifier(args.trust) if args.trust else None)
     sink = FileSink(args.out, rib)
     lines: Iterable[str] = sys.stdin
     if args.raw:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 
 from catsproto.lab.topology import Topology
 
@@ -58,7 +59,17 @@ def exabgp_conf(
         ]
         lines.append(f"process announce {{ run {shlex.join(argv)}; encoder text; }}")
     if n.receive:
-        argv = [python, "-m", "catsproto.adapters.exabgp_receive", "--out", out, "--raw"]
+        trust = str(Path(out).parent / "trust.json")  # verification starts once it exists
+        argv = [
+            python,
+            "-m",
+            "catsproto.adapters.exabgp_receive",
+            "--out",
+            out,
+            "--raw",
+            "--trust",
+            trust,
+        ]
         lines.append(f"process receive {{ run {shlex.join(argv)}; encoder json; }}")
     for i, (local, peer, local_as, peer_as) in enumerate(neighbors):
         body = [
