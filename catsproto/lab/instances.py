@@ -14,16 +14,18 @@ advertisement building; the spool interface stays.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ipaddress
+import json
 import signal
 import sys
 import time
 
 import numpy as np
 
-from catsproto import wire
+from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
-from catsproto.lab.topology import InstanceSpec, load
+from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.summary import attribute_value_budget, build_shards, shard_prefix
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -53,22 +55,25 @@ def instance_routes(
     free_blocks: int = 0,
     total_blocks: int = 65536,
     score: int = 5,
+    signer: security.SigningKey | None = None,
 ) -> dict[Prefix, bytes]:
-    """The attribute value for each of the instance's routes (sizes checked)."""
-    routes: dict[Prefix, bytes] = {
-        spec.csci: wire.encode(
-            wire.Advertisement.build(
-                *_header(spec, sequence, now_ms),
-                wire.MetricsL2(score),
-                wire.Capacity(free_blocks=free_blocks, total_blocks=total_blocks),
-            )
-        )
-    }
+    """The attribute value for each of the instance's routes (sizes checked), each signed
+    for its own route when `signer` is given."""
+
+    def finish(adv: wire.Advertisement, prefix: Prefix) -> bytes:
+        return wire.encode(security.sign(adv, signer, prefix) if signer else adv)
+
+    csci_adv = wire.Advertisement.build(
+        *_header(spec, sequence, now_ms),
+        wire.MetricsL2(score),
+        wire.Capacity(free_blocks=free_blocks, total_blocks=total_blocks),
+    )
+    routes: dict[Prefix, bytes] = {spec.csci: finish(csci_adv, spec.csci)}
     shard_base = [
         *_header(spec, sequence, now_ms),
         wire.CacheModel(MODEL, BLOCK_TOKENS, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
     ]
-    other = len(wire.encode(wire.Advertisement.build(*shard_base)))
+    other = len(finish(wire.Advertisement.build(*shard_base), spec.csci))
     budget = attribute_value_budget(max_message, as_path_hops=PATH_MARGIN_HOPS) - other
     for shard in build_shards(keys, budget, target_fpr):
         entry = wire.SummaryEntry(
@@ -86,15 +91,23 @@ def instance_routes(
             body=shard.summary.encode(),
         )
         adv = wire.Advertisement.build(*shard_base, wire.CacheSummaries((entry,)))
-        routes[shard_prefix(spec.shards, shard.index)] = wire.encode(adv)
+        prefix = shard_prefix(spec.shards, shard.index)
+        routes[prefix] = finish(adv, prefix)
     return routes
 
 
 class ModelledInstance:
     """An instance whose cache drifts: some blocks evicted, some added, each step."""
 
-    def __init__(self, spec: InstanceSpec, seed: int, blocks: int = 2000) -> None:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        seed: int,
+        blocks: int = 2000,
+        signer: security.SigningKey | None = None,
+    ) -> None:
         self.spec = spec
+        self.signer = signer
         self.rng = np.random.default_rng(seed)
         self.keys = self.rng.integers(0, 2**63, size=blocks, dtype=np.uint64) * np.uint64(2)
         self.sequence = 0
@@ -113,7 +126,40 @@ class ModelledInstance:
             now_ms=now_ms,
             max_message=max_message,
             free_blocks=int(65536 - self.keys.size),
+            signer=self.signer,
         )
+
+
+def lab_key(topology: Topology, name: str) -> security.SigningKey:
+    """A deterministic demo key (lab only: anyone can derive it from the topology)."""
+    return security.SigningKey.from_seed(
+        hashlib.sha256(f"catsproto-lab/{topology.name}/{name}".encode()).digest()
+    )
+
+
+def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
+    """Trust file authorising every modelled instance's lab key for its own routes."""
+    operator = lab_key(topology, "operator")
+    store = security.TrustStore().with_operator(operator.public.raw, f"{topology.name} lab")
+    for node in topology.nodes.values():
+        for spec in node.instances:
+            store = store.with_delegation(
+                security.authorise(
+                    operator,
+                    lab_key(topology, spec.name).public.raw,
+                    cs_ids=[spec.cs_id],
+                    routes=[spec.csci, spec.shards],
+                    addresses=[spec.csci],
+                    not_before_ms=now_ms - 3_600_000,
+                    not_after_ms=now_ms + days * 86_400_000,
+                )
+            )
+    return store.to_json()
+
+
+def write_lab_trust(topology: Topology, path: str, now_ms: int) -> None:
+    with open(path, "w") as f:
+        json.dump(lab_trust(topology, now_ms), f)
 
 
 def publish(spool: Spool, routes: dict[Prefix, bytes], previous: set[Prefix]) -> set[Prefix]:
@@ -133,9 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--max-message", type=int, default=4096)
     args = p.parse_args(argv)
-    node = load(args.topology).nodes[args.node]
+    topology = load(args.topology)
+    node = topology.nodes[args.node]
     spool = Spool(args.spool)
-    instances = [ModelledInstance(spec, seed=i + 1) for i, spec in enumerate(node.instances)]
+    instances = [
+        ModelledInstance(spec, seed=i + 1, signer=lab_key(topology, spec.name))
+        for i, spec in enumerate(node.instances)
+    ]
     published: dict[str, set[Prefix]] = {i.spec.name: set() for i in instances}
     stopping = False
 

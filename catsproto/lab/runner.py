@@ -261,7 +261,15 @@ def up(
 
 
 def start_feeders(lab: Lab, interval: float) -> None:
-    """One modelled-instance process per egress with instances, writing its spool."""
+    """One modelled-instance process per egress with instances, writing its spool; the
+    receivers trust the instances' (deterministic, lab-only) keys."""
+    from catsproto.lab.instances import write_lab_trust
+
+    for name, node in lab.topology.nodes.items():
+        if node.receive:
+            write_lab_trust(
+                lab.topology, str(lab.node_dir(name) / "trust.json"), int(time.time() * 1000)
+            )
     for name, node in lab.topology.nodes.items():
         if node.announce and node.instances:
             argv = [

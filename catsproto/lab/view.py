@@ -43,7 +43,7 @@ def origin_rows(rib: dict[str, Any], topology: Topology) -> list[list[str]]:
                 str(sum(r["bytes"] for r in routes)),
                 str(blocks),
                 " > ".join(transits) or "direct",
-                "yes" if all(r["verified"] for r in routes) else "no (unsigned)",
+                "yes" if all(r["verified"] for r in routes) else "no",
             ]
         )
     return rows
