@@ -203,7 +203,8 @@ def _wire_section(vectors: JSON) -> list[str]:
             raise ValueError(f"negative vector {v['name']} decodes")
         if got != (v["error"], v["offset"], v["tlv_type"]):
             raise ValueError(f"negative vector {v['name']}: codec says {got}")
-        tlv = "none" if v["tlv_type"] is None else f"{v['tlv_type']} ({wire.tlv_name(v['tlv_type'])})"
+        tlv_type = v["tlv_type"]
+        tlv = "none" if tlv_type is None else f"{tlv_type} ({wire.tlv_name(tlv_type)})"
         lines = [f"name:   {v['name']}", f"error:  {v['error']}, offset {v['offset']}, TLV {tlv}"]
         lines += _wrapped("reason: ", v["message"])
         lines += ["value:"] + ["  " + h for h in wrap_hex(data)]
@@ -271,8 +272,10 @@ def _security_section(vectors: JSON) -> list[str]:
     value = bytes.fromhex(d["tlv_value"])
     out.append(_art(_annotate_fields(wire.Delegation, value)))
     message = bytes.fromhex(d["signed_message"])
-    out.append("The message the operator signs (label, then the value without the "
-               "operator_signature field):")
+    out.append(
+        "The message the operator signs (label, then the value without the "
+        "operator_signature field):"
+    )
     out.append("")
     out.append(_art(wrap_hex(message)))
     by_value: dict[str, str] = {}
@@ -405,8 +408,9 @@ def non_ascii(text: str) -> list[tuple[int, str]]:
     return [(i, line) for i, line in enumerate(text.splitlines(), 1) if not line.isascii()]
 
 
-def section_table(markdown: str, heading: str) -> list[list[str]]:
-    """Rows (cells stripped) of the first pipe table after the heading `heading`."""
+def section_table(markdown: str, heading: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the first pipe table after the heading `heading`, outside
+    code fences; cells stripped."""
     lines = markdown.splitlines()
     pattern = re.compile(r"^#+\s+" + re.escape(heading) + r"\s*(\{#[^}]*\})?\s*$")
     try:
@@ -414,19 +418,24 @@ def section_table(markdown: str, heading: str) -> list[list[str]]:
     except StopIteration:
         raise ValueError(f"no section {heading!r}") from None
     rows: list[list[str]] = []
+    fenced = False
     for line in lines[start + 1 :]:
+        if line.startswith("~~~"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
         if line.startswith("#"):
             break
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if all(set(c) <= set("-: ") for c in cells):
-                continue
-            rows.append(cells)
+            if not all(set(c) <= set("-: ") for c in cells):
+                rows.append(cells)
         elif rows:
             break
     if not rows:
         raise ValueError(f"section {heading!r} has no table")
-    return rows[1:]  # without the header row
+    return rows[0], rows[1:]
 
 
 def references(markdown: str) -> tuple[set[str], set[str]]:
@@ -446,3 +455,81 @@ def references(markdown: str) -> tuple[set[str], set[str]]:
                 defined.add(m.group(1))
     cited = set(re.findall(r"\{\{[!?]?([A-Za-z0-9][\w.\-]*)\}\}", body))
     return defined, cited
+
+
+def anchors(markdown: str) -> set[str]:
+    """Section anchors given explicitly as `{#anchor}`."""
+    return set(re.findall(r"\{#([A-Za-z][\w.\-]*)\}", markdown))
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+# Registries the draft's IANA section lists, by the heading of their table.
+ENUM_TABLES: dict[str, type] = {
+    "Cache Tiers": wire.Tier,
+    "Summary Kinds": wire.SummaryKind,
+    "Block-Key Schemes": wire.KeyScheme,
+    "L0 Metric Types": wire.L0MetricType,
+    "L0 Units": wire.Unit,
+    "L0 Statistics": wire.Statistic,
+    "L0 Sources": wire.Source,
+    "L1 Metric Categories": wire.MetricCategory,
+    "Signature Algorithms": wire.SignatureAlgorithm,
+    "Sealing Algorithms": wire.AeadAlgorithm,
+    "Delegation Scope Kinds": wire.ScopeKind,
+}
+TLV_TABLES = ("TLV Framing and Canonical Form", "Cache-State TLV Types")
+
+
+def registry_tlvs(registry: wire.Registry = wire.DEFAULT_REGISTRY) -> dict[int, tuple[str, str]]:
+    """type -> (name, RFC 7606 action) of every TLV the codec registers."""
+    return {t: (cls.NAME, cls.ON_ERROR.value) for t, cls in registry.by_type.items()}
+
+
+def table_tlvs(markdown: str, heading: str) -> dict[int, tuple[str, str]]:
+    """type -> (name, error action) from a TLV table of the draft (columns found by header)."""
+    header, rows = section_table(markdown, heading)
+    header = [c.lower() for c in header]
+    t, n, a = header.index("type"), header.index("name"), header.index("error action")
+    return {int(r[t]): (r[n], r[a]) for r in rows}
+
+
+def table_enum(markdown: str, heading: str) -> dict[int, str]:
+    return {int(r[0]): _norm(r[1]) for r in section_table(markdown, heading)[1]}
+
+
+def enum_codes(enum_type: type) -> dict[int, str]:
+    return {int(m): _norm(m.name) for m in enum_type}
+
+
+def markdown_problems(markdown: str, vectors_md: str) -> list[str]:
+    """Everything wrong with the draft's source: registries, references, ASCII."""
+    problems = []
+    want = registry_tlvs()
+    for heading in TLV_TABLES:
+        got = table_tlvs(markdown, heading)
+        if got != want:
+            problems.append(f"TLV table under {heading!r} differs from the codec: {got} != {want}")
+    for heading, enum_type in ENUM_TABLES.items():
+        if table_enum(markdown, heading) != enum_codes(enum_type):
+            problems.append(f"table {heading!r} differs from {enum_type.__name__}")
+    defined, cited = references(markdown)
+    known = anchors(markdown) | anchors(vectors_md)
+    cited |= set(re.findall(r"\{\{([A-Za-z0-9][\w.\-]*)\}\}", vectors_md))
+    for name in sorted(cited - defined - known):
+        problems.append(f"{{{{{name}}}}} is neither a reference nor a section anchor")
+    for name in sorted(defined - cited):
+        problems.append(f"reference {name} is never cited")
+    for text, label in ((markdown, "draft"), (vectors_md, "vectors.md")):
+        for i, line in non_ascii(text):
+            problems.append(f"{label} line {i} is not ASCII: {line!r}")
+    return problems
+
+
+def text_problems(txt: str) -> list[str]:
+    """idnits-style checks of the rendered .txt: line length and ASCII."""
+    problems = [f"line {i} has {len(line)} columns: {line!r}" for i, line in long_lines(txt)]
+    problems += [f"line {i} is not ASCII: {line!r}" for i, line in non_ascii(txt)]
+    return problems

@@ -1,0 +1,192 @@
+"""The Internet-Draft: it renders offline without errors, passes idnits-style checks, its
+tables match the code's registries, and its vector appendix is what the code generates.
+
+Rendering needs kramdown-rfc (Debian's ruby-kramdown-rfc2629) and xml2rfc; without them
+the rendering tests are skipped, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from catsproto import draft, wire
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAFTS = ROOT / "drafts"
+NAME = "draft-catsproto-cats-kv-cache-bgp"
+SOURCE = DRAFTS / f"{NAME}.md"
+VECTORS_MD = DRAFTS / "vectors.md"
+VECTORS = ROOT / "tests" / "vectors"
+
+
+def _xml2rfc() -> str | None:
+    local = ROOT / ".venv" / "bin" / "xml2rfc"
+    return str(local) if local.exists() else shutil.which("xml2rfc")
+
+
+def _generated() -> str:
+    return draft.vectors_from_files(
+        {name: (VECTORS / f"{name}.json").read_text() for name in ("wire", "keys", "security")}
+    )
+
+
+@pytest.fixture(scope="module")
+def markdown() -> str:
+    return SOURCE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    tools = {"kramdown-rfc": shutil.which("kramdown-rfc"), "xml2rfc": _xml2rfc()}
+    missing = [name for name, path in tools.items() if not path]
+    if missing and os.environ.get("CI") != "true":
+        pytest.skip(f"{', '.join(missing)} not installed")
+    out = tmp_path_factory.mktemp("draft")
+    env = dict(os.environ, PYTHON=sys.executable, DRAFT_VECTORS="keep")
+    proc = subprocess.run(
+        [str(DRAFTS / "render"), str(out)], capture_output=True, text=True, env=env, timeout=120
+    )
+    return {
+        "returncode": str(proc.returncode),
+        "stderr": proc.stderr,
+        "txt": (out / f"{NAME}.txt").read_text() if (out / f"{NAME}.txt").exists() else "",
+        "html": (out / f"{NAME}.html").read_text() if (out / f"{NAME}.html").exists() else "",
+    }
+
+
+# ---- the generated appendix ------------------------------------------------------------
+
+
+def test_vector_appendix_is_what_the_generator_writes():
+    assert VECTORS_MD.read_text(encoding="utf-8") == _generated(), (
+        "drafts/vectors.md is out of date: run python drafts/make_vectors.py"
+    )
+
+
+def test_draft_includes_the_appendix(markdown):
+    assert "{::include vectors.md}" in markdown
+
+
+def test_annotated_hex_covers_every_byte_exactly_once():
+    for v in json.loads((VECTORS / "wire.json").read_text())["positive"]:
+        lines = draft.annotate_attribute(bytes.fromhex(v["attribute"]))
+        hexes = "".join(line.split(";")[0].strip() for line in lines)
+        assert hexes == v["attribute"], v["name"]
+
+
+def test_generator_refuses_a_vector_the_codec_does_not_reproduce():
+    vectors = json.loads((VECTORS / "wire.json").read_text())
+    vectors["positive"][0]["json"]["sequence"]["sequence"] += 1
+    keys = json.loads((VECTORS / "keys.json").read_text())
+    security = json.loads((VECTORS / "security.json").read_text())
+    with pytest.raises(ValueError, match="does not reproduce"):
+        draft.vectors_markdown(vectors, keys, security)
+
+
+def test_generator_refuses_a_negative_vector_with_the_wrong_offset():
+    vectors = json.loads((VECTORS / "wire.json").read_text())
+    vectors["negative"][0]["offset"] += 1
+    keys = json.loads((VECTORS / "keys.json").read_text())
+    security = json.loads((VECTORS / "security.json").read_text())
+    with pytest.raises(ValueError, match="codec says"):
+        draft.vectors_markdown(vectors, keys, security)
+
+
+# ---- tables against the registries -----------------------------------------------------
+
+
+@pytest.mark.parametrize("heading", draft.TLV_TABLES)
+def test_tlv_tables_equal_the_codec_registry(markdown, heading):
+    assert draft.table_tlvs(markdown, heading) == draft.registry_tlvs()
+
+
+def test_registry_comparison_notices_a_missing_and_an_extra_tlv(markdown):
+    missing = re.sub(r"^\| 35 \| hot-prefixes \|.*\n", "", markdown, flags=re.M)
+    extra = markdown.replace(
+        "| 36 | sealed-cache | treat-as-withdraw | this document |",
+        "| 36 | sealed-cache | treat-as-withdraw | this document |\n"
+        "| 37 | made-up | treat-as-withdraw | this document |",
+    )
+    want = draft.registry_tlvs()
+    heading = "Cache-State TLV Types"
+    assert 35 not in draft.table_tlvs(missing, heading)
+    assert draft.table_tlvs(missing, heading) != want
+    assert draft.table_tlvs(extra, heading) != want
+
+
+@pytest.mark.parametrize("heading", sorted(draft.ENUM_TABLES))
+def test_iana_code_tables_equal_the_code(markdown, heading):
+    assert draft.table_enum(markdown, heading) == draft.enum_codes(draft.ENUM_TABLES[heading])
+
+
+def test_summary_kind_table_equals_the_summary_registry(markdown):
+    from catsproto.summary import registered_kinds
+
+    _, rows = draft.section_table(markdown, "Summaries")
+    assert {int(r[0]) for r in rows} == set(registered_kinds())
+    assert {int(r[0]): r[1] for r in rows} == draft.enum_codes(wire.SummaryKind)
+
+
+def test_every_registered_tlv_has_its_own_section(markdown):
+    for tlv_type, cls in wire.DEFAULT_REGISTRY.by_type.items():
+        assert re.search(rf"^## .+ \(Type {tlv_type}\)", markdown, re.M), cls.NAME
+
+
+def test_lab_type_code_is_the_codes_default(markdown):
+    assert wire.DEFAULT_ATTRIBUTE_TYPE == 255
+    assert "type code 255" in markdown
+
+
+def test_markdown_has_no_problems(markdown):
+    assert draft.markdown_problems(markdown, VECTORS_MD.read_text(encoding="utf-8")) == []
+
+
+def test_reference_check_notices_an_undefined_citation(markdown):
+    broken = markdown.replace("{{RFC7606}}, Section 8", "{{RFC9999}}, Section 8")
+    problems = draft.markdown_problems(broken, VECTORS_MD.read_text(encoding="utf-8"))
+    assert any("RFC9999" in p for p in problems)
+
+
+# ---- rendering and idnits-style checks --------------------------------------------------
+
+
+def test_render_succeeds_without_errors_or_warnings(rendered):
+    assert rendered["returncode"] == "0", rendered["stderr"]
+    noise = [line for line in rendered["stderr"].splitlines() if line.strip()]
+    assert noise == [], "\n".join(noise)
+    assert rendered["txt"] and rendered["html"]
+
+
+def test_text_is_72_columns_and_ascii(rendered):
+    assert draft.text_problems(rendered["txt"]) == []
+
+
+def test_text_check_notices_a_long_line():
+    assert draft.text_problems("x" * 73) != []
+    assert draft.text_problems("caf\u00e9") != []
+
+
+def test_rendered_references_resolve(rendered):
+    txt = rendered["txt"]
+    assert "[RFC7606]" in txt and "[RFC4271]" in txt
+    # xml2rfc prints an unresolved cross-reference as its raw anchor in brackets;
+    # every bracketed citation must be a listed reference.
+    listed = set(re.findall(r"^   \[([A-Za-z0-9.\-]+)\]", txt, re.M))
+    cited = set(re.findall(r"\[([A-Z][A-Za-z0-9.\-]*[0-9])\]", txt))
+    assert cited <= listed, cited - listed
+
+
+def test_rendered_text_carries_the_vectors_and_the_iana_table(rendered):
+    txt = rendered["txt"]
+    for tlv_type, cls in wire.DEFAULT_REGISTRY.by_type.items():
+        assert re.search(rf"\|\s+{tlv_type}\s+\|\s+{re.escape(cls.NAME)}\s+\|", txt), cls.NAME
+    for name in ("minimal-ipv4", "sealed-delegated", "ed25519-signature-short"):
+        assert name in txt
