@@ -1,0 +1,214 @@
+"""The discrete-event loop: requests in arrival order, the control plane in between.
+
+Strategy. Requests are the only events that change the serving state, and an FCFS
+queue's wait is known at arrival (`Cluster.serve`), so the loop walks requests in time
+order; before each one the policy's `advance(t)` runs whatever happened up to `t` —
+for catsproto, every update-interval tick (builders polled, advertisements signed and
+scheduled) and every delivery (verified, merged into a RIB) in time order. After each
+catsproto decision, what the selector believed is compared with the instance's real
+cache: a claimed prefix longer than the real one is a *stale* hit if the first missing
+block was in the summary's key set when it was built (evicted since), else a
+*false-positive* hit. Pure and deterministic: seeds come in, no clocks, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catsproto.sim.cluster import Cluster
+from catsproto.sim.policies import CatsprotoPolicy, make_policy
+from catsproto.sim.scenario import Scenario
+from catsproto.sim.trace import PreparedTrace
+
+__all__ = ["RunResult", "run_policy"]
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class RunResult:
+    """Per-request outcomes of one policy on one trace and scenario, and the control
+    plane's costs (catsproto only)."""
+
+    policy: str
+    scenario: str
+    speedup: float
+    ttft_ms: np.ndarray
+    rtt_ms: np.ndarray
+    wait_ms: np.ndarray
+    fetch_ms: np.ndarray
+    prefill_ms: np.ndarray
+    hit_blocks: np.ndarray
+    blocks: np.ndarray
+    instance: np.ndarray
+    pulled_blocks: np.ndarray
+    duration_s: float
+    claimed_blocks: np.ndarray | None = None  # catsproto: the chosen estimate's prefix
+    stale_hits: int = 0  # requests whose claimed prefix was evicted since advertised
+    stale_blocks: int = 0
+    false_positive_hits: int = 0  # requests whose claimed prefix was a filter's mistake
+    false_positive_blocks: int = 0
+    unadvertised_blocks: int = 0  # cached blocks the selector did not know about yet
+    fallbacks: int = 0
+    control: dict[str, object] = field(default_factory=dict)
+    engine_events: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        total = int(self.blocks.sum())
+        return float(self.hit_blocks.sum()) / total if total else 0.0
+
+    def summary(self) -> dict[str, object]:
+        t = self.ttft_ms
+        out: dict[str, object] = {
+            "policy": self.policy,
+            "scenario": self.scenario,
+            "speedup": self.speedup,
+            "requests": len(t),
+            "hit_rate": self.hit_rate,
+            "ttft_mean_ms": float(t.mean()) if len(t) else 0.0,
+            "ttft_p50_ms": float(np.percentile(t, 50)) if len(t) else 0.0,
+            "ttft_p99_ms": float(np.percentile(t, 99)) if len(t) else 0.0,
+            "rtt_mean_ms": float(self.rtt_ms.mean()) if len(t) else 0.0,
+            "wait_mean_ms": float(self.wait_ms.mean()) if len(t) else 0.0,
+            "fetch_mean_ms": float(self.fetch_ms.mean()) if len(t) else 0.0,
+            "prefill_mean_ms": float(self.prefill_ms.mean()) if len(t) else 0.0,
+            "pulled_blocks": int(self.pulled_blocks.sum()),
+            "duration_s": self.duration_s,
+        }
+        if self.control:
+            adv_bytes = int(self.control.get("bytes", 0))  # type: ignore[call-overload]
+            out.update(
+                adv_bytes=adv_bytes,
+                adv_bytes_per_s=adv_bytes / self.duration_s if self.duration_s else 0.0,
+                advertisements=self.control.get("advertisements", 0),
+                stale_hits=self.stale_hits,
+                stale_blocks=self.stale_blocks,
+                false_positive_hits=self.false_positive_hits,
+                false_positive_blocks=self.false_positive_blocks,
+                unadvertised_blocks=self.unadvertised_blocks,
+                fallbacks=self.fallbacks,
+                refused=self.control.get("refused", {}),
+            )
+        out["engine_events"] = dict(self.engine_events)
+        return out
+
+
+def run_policy(
+    name: str,
+    trace: PreparedTrace,
+    scenario: Scenario,
+    *,
+    seed: int = 0,
+    exact: bool = False,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Simulate one policy over the whole prepared trace (arrival times already scaled
+    by `scenario.speedup`). `exact`: catsproto's builders send exact summaries."""
+    cluster = Cluster(scenario)
+    if name == "catsproto":
+        policy = CatsprotoPolicy(cluster, trace, seed, exact=exact)
+    else:
+        policy = make_policy(name, cluster, trace, seed)
+    n = len(trace)
+    cols = {k: np.zeros(n) for k in ("ttft", "rtt", "wait", "fetch", "prefill")}
+    hit = np.zeros(n, dtype=np.int64)
+    blocks = np.zeros(n, dtype=np.int64)
+    inst = np.zeros(n, dtype=np.int64)
+    pulled = np.zeros(n, dtype=np.int64)
+    claimed = np.full(n, -1, dtype=np.int64)
+    result_extra = {"stale": [0, 0], "fp": [0, 0], "unadvertised": 0}
+    is_cats = isinstance(policy, CatsprotoPolicy)
+    for r in range(n):
+        t = int(trace.arrival_ms[r])
+        policy.advance(t)
+        choice = policy.choose(r, t)
+        keys = trace.key_lists[r]
+        req = trace.requests[r]
+        served = cluster.serve(
+            choice.instance, t, int(trace.ingress[r]), req.input_length, keys, choice.source
+        )
+        cols["ttft"][r] = served.ttft_ms + choice.extra_rtt_ms
+        cols["rtt"][r] = served.rtt_ms + choice.extra_rtt_ms
+        cols["wait"][r] = served.wait_ms
+        cols["fetch"][r] = served.fetch_ms
+        cols["prefill"][r] = served.prefill_ms
+        hit[r], blocks[r] = served.hit_blocks, len(keys)
+        inst[r], pulled[r] = served.instance, served.pulled_blocks
+        claimed[r] = choice.claimed_blocks
+        if is_cats and not choice.fallback and choice.source is None:
+            _classify(
+                policy,
+                choice.instance,
+                int(trace.ingress[r]),
+                keys,
+                served.local_blocks,
+                choice.claimed_blocks,
+                result_extra,
+            )
+        if progress is not None:
+            progress(r + 1)
+    span = (int(trace.arrival_ms[-1]) - int(trace.arrival_ms[0])) / 1000 if n else 0.0
+    out = RunResult(
+        policy=name,
+        scenario=scenario.name,
+        speedup=scenario.speedup,
+        ttft_ms=cols["ttft"],
+        rtt_ms=cols["rtt"],
+        wait_ms=cols["wait"],
+        fetch_ms=cols["fetch"],
+        prefill_ms=cols["prefill"],
+        hit_blocks=hit,
+        blocks=blocks,
+        instance=inst,
+        pulled_blocks=pulled,
+        duration_s=max(span, 1e-3),
+        engine_events={
+            "batches": cluster.batches,
+            "events": cluster.events,
+            "stored_blocks": cluster.stored_blocks,
+            "removed_blocks": cluster.removed_blocks,
+            "moved_blocks": cluster.moved_blocks,
+        },
+    )
+    if is_cats:
+        assert isinstance(policy, CatsprotoPolicy)
+        st = policy.control.stats
+        out.claimed_blocks = claimed
+        out.stale_hits, out.stale_blocks = result_extra["stale"]  # type: ignore[misc]
+        out.false_positive_hits, out.false_positive_blocks = result_extra["fp"]  # type: ignore[misc]
+        out.unadvertised_blocks = int(result_extra["unadvertised"])  # type: ignore[arg-type]
+        out.fallbacks = policy.fallbacks
+        out.control = {
+            "advertisements": st.advertisements,
+            "bytes": st.bytes,
+            "deliveries": st.deliveries,
+            "accepted": st.accepted,
+            "refused": dict(st.refused),
+            "polls": st.polls,
+            "builds": st.builds,
+        }
+    return out
+
+
+def _classify(
+    policy: CatsprotoPolicy,
+    i: int,
+    ingress: int,
+    keys: tuple[int, ...],
+    actual: int,
+    claimed: int,
+    acc: dict[str, object],
+) -> None:
+    if claimed > actual:
+        view = policy.control.views[policy.control.selector_of[ingress]][i]
+        bucket = "stale" if keys[actual] in view else "fp"
+        counts = acc[bucket]
+        assert isinstance(counts, list)
+        counts[0] += 1
+        counts[1] += claimed - actual
+    elif actual > claimed >= 0:
+        acc["unadvertised"] = int(acc["unadvertised"]) + actual - claimed  # type: ignore[call-overload]

@@ -1,0 +1,336 @@
+"""Scenarios: sites, round trips, instances, caches, prefill rate and the control plane.
+
+Strategy. A scenario is a plain nested mapping (JSON or TOML in a file, read by an
+adapter) turned into frozen dataclasses here, after `apply_overrides` has replaced any
+value by dotted path (``prefill_tps=40000``, ``tiers.hbm.capacity_blocks=500``,
+``rtt_ms.A-D=30``). Every number the simulation uses lives in the scenario; nothing is
+hidden in code. Pure: no file access.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from catsproto.node import ModelShape
+from catsproto.wire import Tier
+
+__all__ = [
+    "Scenario",
+    "ScenarioError",
+    "TierConfig",
+    "apply_overrides",
+    "parse_value",
+]
+
+
+class ScenarioError(ValueError):
+    """A scenario or override that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One cache tier of every instance: capacity and the cost of fetching from it."""
+
+    tier: Tier
+    capacity_blocks: int
+    fetch_latency_us: int
+    fetch_bandwidth_mbps: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a simulation run needs besides the trace and the policy."""
+
+    name: str
+    sites: tuple[str, ...]
+    rtt_ms: Mapping[tuple[str, str], float]  # symmetric; (x, x) is the intra-site RTT
+    instances_per_site: int
+    tiers: tuple[TierConfig, ...]  # fastest first
+    block_tokens: int
+    prefill_tps: float
+    bytes_per_block: int
+    link_bandwidth_mbps: float  # between sites, for KV pulls
+    remote_kv: bool  # may an instance pull a prefix from another instance?
+    ingress_index: int  # which hash_id picks the ingress site (min(this, len-1))
+    speedup: float
+    update_interval_ms: int  # dampening minimum interval; 0: advertise before every request
+    refresh_interval_ms: int  # dampening maximum interval
+    change_threshold: float  # dampening: fraction of advertised keys changed
+    per_hop_ms: float  # BGP processing per hop, added to the link delay
+    propagation: bool  # False: advertisements reach every selector at once (zero delay)
+    selector_site: str | None  # None: a C-PS at every ingress site; else one shared C-PS
+    decision_rtt: bool  # a shared C-PS: add the ingress's query round trip to it to TTFT
+    sharded: bool  # summaries on shard routes of their own (metrics-only main route)
+    target_fpr: float
+    summary_kind: int | None  # None: smallest; 1 exact, 2 Bloom, 3 fuse
+    snapshot_every: int
+    max_message_bytes: int
+    hot_prefixes: int
+    request_bytes_per_token: float  # upload term of the selector; 0 leaves it out
+    seed: int
+    secret: bytes
+    model_id: str
+
+    # ---- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Scenario:
+        """Validate a nested mapping (a parsed scenario file with overrides applied)."""
+        d = dict(raw)
+        try:
+            sites = tuple(str(s) for s in d["sites"])
+            if len(set(sites)) != len(sites) or not sites:
+                raise ScenarioError("sites must be distinct and not empty")
+            rtt = _rtt_table(sites, d["rtt_ms"], float(d.get("intra_site_rtt_ms", 1.0)))
+            tiers = _tiers(d["tiers"])
+            block = int(d.get("block_tokens", 512))
+            model = d.get("model")
+            if model is not None:
+                shape = ModelShape(
+                    int(model["layers"]),
+                    int(model["kv_heads"]),
+                    int(model["head_dim"]),
+                    int(model["dtype_bytes"]),
+                    block,
+                )
+                bytes_per_block = shape.bytes_per_block
+                model_id = str(model.get("id", "model"))
+            else:
+                bytes_per_block = int(d.get("bytes_per_block", 0))
+                model_id = str(d.get("model_id", "model"))
+            kind = d.get("summary_kind")
+            sc = cls(
+                name=str(d.get("name", "scenario")),
+                sites=sites,
+                rtt_ms=rtt,
+                instances_per_site=int(d["instances_per_site"]),
+                tiers=tiers,
+                block_tokens=block,
+                prefill_tps=float(d["prefill_tps"]),
+                bytes_per_block=bytes_per_block,
+                link_bandwidth_mbps=float(d.get("link_bandwidth_mbps", 100_000)),
+                remote_kv=bool(d.get("remote_kv", False)),
+                ingress_index=int(d.get("ingress_index", 1)),
+                speedup=float(d.get("speedup", 1.0)),
+                update_interval_ms=int(d.get("update_interval_ms", 1000)),
+                refresh_interval_ms=int(d.get("refresh_interval_ms", 30_000)),
+                change_threshold=float(d.get("change_threshold", 0.05)),
+                per_hop_ms=float(d.get("per_hop_ms", 1.0)),
+                propagation=bool(d.get("propagation", True)),
+                sharded=bool(d.get("sharded", True)),
+                selector_site=_optional_site(d.get("selector_site"), sites),
+                decision_rtt=bool(d.get("decision_rtt", True)),
+                target_fpr=float(d.get("target_fpr", 0.01)),
+                summary_kind=None if kind in (None, "auto") else int(kind),
+                snapshot_every=int(d.get("snapshot_every", 8)),
+                max_message_bytes=int(d.get("max_message_bytes", 4096)),
+                hot_prefixes=int(d.get("hot_prefixes", 0)),
+                request_bytes_per_token=float(d.get("request_bytes_per_token", 0.0)),
+                seed=int(d.get("seed", 1)),
+                secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
+                model_id=model_id,
+            )
+        except KeyError as exc:
+            raise ScenarioError(f"scenario lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ScenarioError):
+                raise
+            raise ScenarioError(f"scenario: {exc}") from None
+        sc.validate()
+        return sc
+
+    def validate(self) -> None:
+        if self.instances_per_site < 1:
+            raise ScenarioError("instances_per_site must be >= 1")
+        if self.prefill_tps <= 0 or self.speedup <= 0 or self.block_tokens < 1:
+            raise ScenarioError("prefill_tps, speedup and block_tokens must be > 0")
+        if self.update_interval_ms < 0 or self.refresh_interval_ms <= 0:
+            raise ScenarioError("update_interval_ms must be >= 0, refresh_interval_ms > 0")
+        if self.update_interval_ms > self.refresh_interval_ms:
+            raise ScenarioError("update_interval_ms must not exceed refresh_interval_ms")
+        if not 0 <= self.target_fpr < 1:
+            raise ScenarioError("target_fpr must be in [0, 1)")
+        if self.tiers[0].capacity_blocks < 1:
+            raise ScenarioError("the first tier needs room for at least one block")
+        if len(self.secret) < 16 or len(self.secret) > 64:
+            raise ScenarioError("secret must be 16..64 bytes")
+
+    # ---- derived -----------------------------------------------------------------------
+
+    @property
+    def n_instances(self) -> int:
+        return len(self.sites) * self.instances_per_site
+
+    def site_of(self, instance: int) -> int:
+        return instance // self.instances_per_site
+
+    def rtt(self, a: str, b: str) -> float:
+        return self.rtt_ms[(a, b)]
+
+    def rtt_matrix(self) -> list[list[float]]:
+        return [[self.rtt(a, b) for b in self.sites] for a in self.sites]
+
+    def instance_names(self) -> list[str]:
+        return [f"{s}{j + 1}" for s in self.sites for j in range(self.instances_per_site)]
+
+    def to_json(self) -> dict[str, Any]:
+        pairs = {}
+        for i, a in enumerate(self.sites):
+            for b in self.sites[i + 1 :]:
+                pairs[f"{a}-{b}"] = self.rtt(a, b)
+        return {
+            "name": self.name,
+            "sites": list(self.sites),
+            "rtt_ms": pairs,
+            "intra_site_rtt_ms": self.rtt(self.sites[0], self.sites[0]),
+            "instances_per_site": self.instances_per_site,
+            "tiers": {
+                t.tier.name.lower(): {
+                    "capacity_blocks": t.capacity_blocks,
+                    "fetch_latency_us": t.fetch_latency_us,
+                    "fetch_bandwidth_mbps": t.fetch_bandwidth_mbps,
+                }
+                for t in self.tiers
+            },
+            "block_tokens": self.block_tokens,
+            "prefill_tps": self.prefill_tps,
+            "bytes_per_block": self.bytes_per_block,
+            "link_bandwidth_mbps": self.link_bandwidth_mbps,
+            "remote_kv": self.remote_kv,
+            "speedup": self.speedup,
+            "update_interval_ms": self.update_interval_ms,
+            "refresh_interval_ms": self.refresh_interval_ms,
+            "change_threshold": self.change_threshold,
+            "per_hop_ms": self.per_hop_ms,
+            "propagation": self.propagation,
+            "sharded": self.sharded,
+            "selector_site": self.selector_site or "ingress",
+            "decision_rtt": self.decision_rtt,
+            "target_fpr": self.target_fpr,
+            "summary_kind": self.summary_kind,
+            "snapshot_every": self.snapshot_every,
+            "max_message_bytes": self.max_message_bytes,
+            "hot_prefixes": self.hot_prefixes,
+            "request_bytes_per_token": self.request_bytes_per_token,
+            "seed": self.seed,
+            "model_id": self.model_id,
+        }
+
+
+def _optional_site(value: Any, sites: Sequence[str]) -> str | None:
+    if value in (None, "", "ingress"):
+        return None
+    if str(value) not in sites:
+        raise ScenarioError(f"selector_site {value!r} is not 'ingress' or one of {list(sites)}")
+    return str(value)
+
+
+def _rtt_table(
+    sites: Sequence[str], pairs: Mapping[str, Any], intra: float
+) -> dict[tuple[str, str], float]:
+    table: dict[tuple[str, str], float] = {(s, s): intra for s in sites}
+    for name, value in pairs.items():
+        a, sep, b = str(name).partition("-")
+        if not sep or a not in sites or b not in sites or a == b:
+            raise ScenarioError(f"rtt_ms key {name!r} is not 'X-Y' for two distinct sites")
+        v = float(value)
+        if v < 0 or not math.isfinite(v):
+            raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0")
+        table[(a, b)] = table[(b, a)] = v
+    for a in sites:
+        for b in sites:
+            if (a, b) not in table:
+                raise ScenarioError(f"rtt_ms lacks {a}-{b}")
+    return table
+
+
+def _tiers(raw: Mapping[str, Any]) -> tuple[TierConfig, ...]:
+    out = []
+    for name, spec in raw.items():
+        try:
+            tier = Tier[name.upper()]
+        except KeyError:
+            raise ScenarioError(f"unknown tier {name!r} (hbm, dram, ssd, remote)") from None
+        out.append(
+            TierConfig(
+                tier,
+                int(spec["capacity_blocks"]),
+                int(spec.get("fetch_latency_us", 0)),
+                int(spec.get("fetch_bandwidth_mbps", 0)),
+            )
+        )
+    out.sort(key=lambda t: t.tier)
+    if not out:
+        raise ScenarioError("a scenario needs at least one tier")
+    return tuple(out)
+
+
+def parse_value(text: str) -> Any:
+    """An override's value: JSON if it parses (numbers, true, null, lists), else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of `raw` with each ``dotted.key=value`` applied; the key must exist, except
+    a new tier, RTT pair or model field, which may be added."""
+    out = copy.deepcopy(dict(raw))
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or not path:
+            raise ScenarioError(f"override {item!r} is not key=value")
+        parts = path.split(".")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(nxt, dict):
+                if isinstance(node, dict) and part not in node and i == 0 and part == "model":
+                    nxt = node[part] = {}
+                else:
+                    raise ScenarioError(
+                        f"override {path!r}: {'.'.join(parts[: i + 1])} is not a table"
+                    )
+            node = nxt
+        last = parts[-1]
+        growable = len(parts) >= 2 and parts[0] in ("rtt_ms", "tiers", "model")
+        if last not in node and not growable and not (len(parts) == 1 and last in _OPTIONAL):
+            raise ScenarioError(f"override {path!r}: no such key in the scenario")
+        node[last] = parse_value(text)
+    return out
+
+
+_OPTIONAL = {
+    "name",
+    "intra_site_rtt_ms",
+    "block_tokens",
+    "bytes_per_block",
+    "link_bandwidth_mbps",
+    "remote_kv",
+    "ingress_index",
+    "speedup",
+    "update_interval_ms",
+    "refresh_interval_ms",
+    "change_threshold",
+    "per_hop_ms",
+    "propagation",
+    "sharded",
+    "selector_site",
+    "decision_rtt",
+    "target_fpr",
+    "summary_kind",
+    "snapshot_every",
+    "max_message_bytes",
+    "hot_prefixes",
+    "request_bytes_per_token",
+    "seed",
+    "secret",
+    "model_id",
+    "model",
+}

@@ -1,0 +1,69 @@
+"""Trace requests and their block keys.
+
+A `TraceRequest` is one line of a Mooncake-style trace (the adapter
+`catsproto.adapters.trace` reads the file). `PreparedTrace` maps every `hash_id` onto a
+block key with `BlockKeyer.engine_key` under the scenario's secret — once per distinct
+id, shared by every policy's run — and fixes each request's ingress site. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from catsproto.keys import ENGINE_MOONCAKE, BlockKeyer
+
+__all__ = ["PreparedTrace", "TraceRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PreparedTrace:
+    """The trace as the simulator consumes it: arrival times after the speedup, block
+    keys (uint64 array and int list per request), ingress site index per request."""
+
+    requests: tuple[TraceRequest, ...]
+    arrival_ms: np.ndarray  # int64, non-decreasing
+    keys: tuple[np.ndarray, ...]
+    key_lists: tuple[tuple[int, ...], ...]
+    ingress: np.ndarray  # int64 site index
+
+    @classmethod
+    def build(
+        cls,
+        requests: Sequence[TraceRequest],
+        keyer: BlockKeyer,
+        n_sites: int,
+        speedup: float,
+        ingress_index: int = 1,
+        key_memo: dict[int, int] | None = None,
+    ) -> PreparedTrace:
+        memo = {} if key_memo is None else key_memo
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].timestamp_ms, i))
+        reqs = tuple(requests[i] for i in order)
+        keys, lists, ingress = [], [], []
+        for r in reqs:
+            ks = []
+            for h in r.hash_ids:
+                k = memo.get(h)
+                if k is None:
+                    k = memo[h] = keyer.engine_key(ENGINE_MOONCAKE, h)
+                ks.append(k)
+            lists.append(tuple(ks))
+            keys.append(np.array(ks, dtype=np.uint64))
+            ids = r.hash_ids
+            ingress.append(ids[min(ingress_index, len(ids) - 1)] % n_sites if ids else 0)
+        arrival = np.array([int(r.timestamp_ms / speedup) for r in reqs], dtype=np.int64)
+        return cls(reqs, arrival, tuple(keys), tuple(lists), np.array(ingress, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.requests)
