@@ -190,3 +190,9 @@ def test_rendered_text_carries_the_vectors_and_the_iana_table(rendered):
         assert re.search(rf"\|\s+{tlv_type}\s+\|\s+{re.escape(cls.NAME)}\s+\|", txt), cls.NAME
     for name in ("minimal-ipv4", "sealed-delegated", "ed25519-signature-short"):
         assert name in txt
+
+
+def test_draft_command_checks_the_appendix(capsys):
+    from catsproto import cli
+
+    assert cli.main(["draft", "vectors", "--check"]) == 0
