@@ -1,7 +1,7 @@
 """Write the draft's test-vector appendix from tests/vectors/*.json.
 
-    python drafts/make_vectors.py            # writes drafts/vectors.md
-    python drafts/make_vectors.py --check    # exit 1 if drafts/vectors.md is out of date
+python drafts/make_vectors.py            # writes drafts/vectors.md
+python drafts/make_vectors.py --check    # exit 1 if drafts/vectors.md is out of date
 """
 
 from __future__ import annotations
