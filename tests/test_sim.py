@@ -1,0 +1,233 @@
+"""The simulator on a hand-made trace: hits and TTFTs worked out by hand per policy.
+
+Scenario: sites A and B (RTT 10 ms, 1 ms within a site), two instances each (A1 A2 B1
+B2 = 0 1 2 3), blocks of 4 tokens, prefill 1,000 tokens/s (1 token = 1 ms), ingress
+site = sites[hash_ids[1] mod 2]. Requests (t ms, input tokens, hash_ids):
+
+    r0  t=0   8  (0, 2)      ingress A
+    r1  t=5   8  (0, 2)      ingress A   same prefix as r0
+    r2  t=10  12 (5, 7, 9)   ingress B
+    r3  t=20  10 (0, 2, 4)   ingress A   r0's two blocks + one (partial) block
+
+TTFT = RTT + wait + (input − 4 × cached blocks) ms. Worked out in each test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from catsproto.adapters.trace import load_scenario, read_trace
+from catsproto.keys import BlockKeyer
+from catsproto.sim import (
+    Cluster,
+    PreparedTrace,
+    Scenario,
+    ScenarioError,
+    TraceRequest,
+    apply_overrides,
+    run_policy,
+)
+from catsproto.wire import Tier
+
+TRACE_FILE = "/work/shared/traces/mooncake-conversation.jsonl"
+
+HAND = [
+    TraceRequest(0, 8, 1, (0, 2)),
+    TraceRequest(5, 8, 1, (0, 2)),
+    TraceRequest(10, 12, 1, (5, 7, 9)),
+    TraceRequest(20, 10, 1, (0, 2, 4)),
+]
+
+
+def mini(**over: object) -> Scenario:
+    raw: dict[str, object] = {
+        "name": "hand",
+        "sites": ["A", "B"],
+        "rtt_ms": {"A-B": 10.0},
+        "intra_site_rtt_ms": 1.0,
+        "instances_per_site": 2,
+        "tiers": {"hbm": {"capacity_blocks": 100, "fetch_bandwidth_mbps": 8_000_000}},
+        "block_tokens": 4,
+        "prefill_tps": 1000.0,
+        "update_interval_ms": 1000,
+        "per_hop_ms": 1.0,
+        "max_message_bytes": 4096,
+    }
+    raw.update(over)
+    return Scenario.from_mapping(raw)
+
+
+def prepared(sc: Scenario, requests=HAND) -> PreparedTrace:
+    keyer = BlockKeyer(sc.secret, sc.model_id, sc.block_tokens)
+    return PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
+
+
+def outcome(policy: str, sc: Scenario | None = None, **kw: object):
+    sc = sc or mini()
+    r = run_policy(policy, prepared(sc), sc, seed=3, **kw)
+    return r.instance.tolist(), r.hit_blocks.tolist(), r.ttft_ms.tolist(), r
+
+
+def test_ingress_and_keys():
+    tr = prepared(mini())
+    assert tr.ingress.tolist() == [0, 0, 1, 0]
+    assert tr.key_lists[0] == tr.key_lists[1] == tr.key_lists[3][:2]
+    assert len(set(tr.key_lists[2]) & set(tr.key_lists[0])) == 0
+
+
+def test_round_robin():
+    # r0 A1: 1+0+8=9 | r1 A2: 1+0+8=9 | r2 B1 (ingress B): 1+0+12=13
+    # r3 B2 from ingress A: 10+0+10=20, B2 holds nothing
+    inst, hits, ttft, r = outcome("round-robin")
+    assert inst == [0, 1, 2, 3]
+    assert hits == [0, 0, 0, 0]
+    assert ttft == pytest.approx([9, 9, 13, 20])
+    assert r.hit_rate == 0.0
+
+
+def test_least_loaded():
+    # waits at r1 (t=5): A1 busy until 8 -> A2; at r2 (t=10): A2 busy, A1 B1 B2 idle,
+    # fewest served first -> B1; at r3 (t=20): B1 busy until 22 -> B2 (served 0)
+    inst, _hits, ttft, _ = outcome("least-loaded")
+    assert inst == [0, 1, 2, 3]
+    assert ttft == pytest.approx([9, 9, 13, 20])
+
+
+def test_nearest():
+    # r1: A1 busy (wait 3) -> A2, a miss: 9 | r3: A1 and A2 idle, served 1 each -> A1,
+    # which holds (0, 2): 2 blocks cached, work 10-8=2: TTFT 1+0+2=3
+    inst, hits, ttft, r = outcome("nearest")
+    assert inst == [0, 1, 2, 0]
+    assert hits == [0, 0, 0, 2]
+    assert ttft == pytest.approx([9, 9, 13, 3])
+    assert r.hit_rate == pytest.approx(2 / 10)
+
+
+def test_compute_aware():
+    # r1: A1 1+3+8=12 vs A2 1+0+8=9 -> A2 | r2: B1 13 | r3: A1 and A2 both 11 -> A1 (hit)
+    inst, _hits, ttft, _ = outcome("compute-aware")
+    assert inst == [0, 1, 2, 0]
+    assert ttft == pytest.approx([9, 9, 13, 3])
+
+
+def test_oracle():
+    # r1: A1 holds (0, 2): 1 + wait 3 + 0 = 4 beats A2's 9 | r3: A1 1+0+2=3
+    inst, hits, ttft, r = outcome("oracle")
+    assert inst == [0, 0, 2, 0]
+    assert hits == [0, 2, 0, 2]
+    assert ttft == pytest.approx([9, 4, 13, 3])
+    assert r.hit_rate == pytest.approx(4 / 10)
+    assert r.rtt_ms.tolist() == [1, 1, 1, 1]
+    assert r.wait_ms.tolist() == [0, 3, 0, 0]
+
+
+def test_random_is_seeded_and_accounted():
+    a = outcome("random")
+    b = outcome("random")
+    assert a[0] == b[0]
+    draws = np.random.default_rng(3).integers(4, size=4)
+    # the same draw sequence the policy makes, one draw per request
+    rng = np.random.default_rng(3)
+    assert a[0] == [int(rng.integers(4)) for _ in range(4)]
+    assert len(draws) == 4
+    r = a[3]
+    np.testing.assert_allclose(r.ttft_ms, r.rtt_ms + r.wait_ms + r.fetch_ms + r.prefill_ms)
+
+
+def test_catsproto_with_delays_by_hand():
+    # r0 t=0: advertisements of t=0 are still in flight -> fallback (nearest): A1, 9
+    # r1 t=5: the ingress-A selector heard A1 A2 (at 0 + 0.5 + 1 hop -> 2 ms), empty and
+    #   idle; A1 and A2 tie at 9, A1 has the lower slot -> A1: real wait 3, real hit 2 -> 4
+    # r2 t=10: ingress-B selector: B1 and B2 idle -> B1: 13
+    # r3 t=20: no new advertisement until the 1 s tick, so the selector knows no cached
+    #   block and counts its own r1 (8 tokens = 8 ms) as A1's queue: A1 1+8+10=19,
+    #   A2 1+0+10=11 -> A2, which holds nothing: 1+0+10 = 11
+    inst, hits, ttft, r = outcome("catsproto")
+    assert inst == [0, 0, 2, 1]
+    assert hits == [0, 2, 0, 0]
+    assert ttft == pytest.approx([9, 4, 13, 11])
+    assert r.fallbacks == 1
+    assert r.control["refused"] == {}
+    assert r.control["accepted"] == r.control["deliveries"] > 0
+    assert r.unadvertised_blocks == 2  # r1's two cached blocks were not yet advertised
+
+
+def test_catsproto_exact_zero_delay_matches_oracle_by_hand():
+    sc = mini(update_interval_ms=0, propagation=False)
+    inst, _hits, ttft, r = outcome("catsproto", sc, exact=True)
+    assert inst == [0, 0, 2, 0]
+    assert ttft == pytest.approx([9, 4, 13, 3])
+    assert r.fallbacks == 0
+
+
+@pytest.mark.parametrize("speedup", [1.0, 8.0])
+def test_catsproto_exact_zero_delay_equals_oracle_on_trace(speedup):
+    """With zero delay and exact summaries the selector's cost model is the oracle's:
+    the same instance for every request of a slice of the real trace. One C-PS serves
+    every ingress (no query round trip), so it has seen every decision: the trace
+    arrives in bursts within one millisecond, and a per-ingress selector learns of
+    another's decision only from the next advertisement's load, which the RIB accepts
+    only with a newer millisecond timestamp."""
+    raw = apply_overrides(
+        load_scenario("s1"),
+        [
+            "update_interval_ms=0",
+            "propagation=false",
+            f"speedup={speedup}",
+            "selector_site=B",
+            "decision_rtt=false",
+        ],
+    )
+    sc = Scenario.from_mapping(raw)
+    tr = prepared(sc, read_trace(TRACE_FILE, limit=160))
+    oracle = run_policy("oracle", tr, sc)
+    cats = run_policy("catsproto", tr, sc, exact=True)
+    assert cats.fallbacks == 0
+    assert cats.instance.tolist() == oracle.instance.tolist()
+    np.testing.assert_allclose(cats.ttft_ms, oracle.ttft_ms)
+    assert oracle.hit_blocks.sum() > 0 and oracle.wait_ms.max() > 0  # not a trivial slice
+
+
+def test_tiers_and_pulls_priced_like_the_selector():
+    # one DRAM tier below a 2-block HBM: r3's prefix was demoted, so fetching costs
+    sc = mini(
+        tiers={
+            "hbm": {"capacity_blocks": 2, "fetch_bandwidth_mbps": 8_000_000},
+            "dram": {"capacity_blocks": 10, "fetch_latency_us": 1000, "fetch_bandwidth_mbps": 8},
+        },
+        bytes_per_block=1000,
+        remote_kv=True,
+    )
+    inst, _hits, ttft, r = outcome("oracle", sc)
+    # r1: A1 is busy (wait 3); A2 computes while pulling (0, 2) from A1's HBM in the same
+    # site: 2 × 1000 B × 8 / 8,000,000 Mbit/s = 2e-6 ms, TTFT 1 + 0 + 2e-6 + 0
+    assert inst[1] == 1 and r.pulled_blocks.tolist() == [0, 2, 0, 0]
+    assert ttft[1] == pytest.approx(1 + 2e-6)
+    # r3 at t=20: A1 and A2 both hold (0, 2) in HBM: 1+0+2 = 3 each, A1 by index
+    assert inst[3] == 0 and ttft[3] == pytest.approx(3)
+    cl_cost = run_policy("oracle", prepared(sc), sc)  # deterministic
+    assert cl_cost.ttft_ms.tolist() == r.ttft_ms.tolist()
+    cl = Cluster(sc)
+    assert cl.fetch_ms((Tier.DRAM, Tier.DRAM)) == pytest.approx(3.0)
+    assert cl.fetch_ms((Tier.HBM, Tier.DRAM)) == pytest.approx(2.0)
+    # a pull A1 -> B1: one-way 5 ms + latency 1 ms + 2 blocks at min(link, 8 Mbit/s) 2 ms
+    assert cl.pull_ms(0, 2, (Tier.DRAM, Tier.DRAM)) == pytest.approx(8.0)
+
+
+def test_scenario_overrides_and_errors():
+    raw = load_scenario("s1")
+    sc = Scenario.from_mapping(apply_overrides(raw, ["prefill_tps=40000", "rtt_ms.A-D=30"]))
+    assert sc.prefill_tps == 40000 and sc.rtt("D", "A") == 30
+    assert sc.n_instances == 16 and sc.tiers[0].capacity_blocks == 1000
+    with pytest.raises(ScenarioError, match="no such key"):
+        apply_overrides(raw, ["prefil_tps=1"])
+    with pytest.raises(ScenarioError, match="key=value"):
+        apply_overrides(raw, ["prefill_tps"])
+    with pytest.raises(ScenarioError, match="rtt_ms lacks"):
+        Scenario.from_mapping({**raw, "rtt_ms": {"A-B": 1}})
+    with pytest.raises(ScenarioError, match="selector_site"):
+        Scenario.from_mapping({**raw, "selector_site": "Z"})
+    big = Scenario.from_mapping(load_scenario("llama70b"))
+    assert big.bytes_per_block == 80 * 8 * 128 * 2 * 2 * 512
+    assert [t.tier.name for t in big.tiers] == ["HBM", "DRAM"]
