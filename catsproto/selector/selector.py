@@ -219,6 +219,8 @@ class PathSelector:
             log = pend.log[slot]
             while log and log[0][0] <= table.metrics_ms[slot]:
                 pend.tokens[slot] -= log.popleft()[1]
+            if not log:  # no float residue: an empty log means nothing pending
+                pend.tokens[slot] = 0.0
             if not table.alive[slot]:
                 log.clear()
                 pend.tokens[slot] = 0.0
