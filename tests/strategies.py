@@ -60,7 +60,7 @@ def summary_entries(draw):
     version = draw(st.integers(1, 0xFFFFFFFF))
     return wire.SummaryEntry(
         tier=draw(st.sampled_from(wire.Tier)),
-        kind=draw(st.sampled_from(wire.SummaryKind)),
+        kind=draw(st.one_of(st.sampled_from(wire.SummaryKind), st.integers(5, 255))),
         version=version,
         base_version=draw(st.one_of(st.just(0), st.integers(0, version - 1))),
         key_lo=lo,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from typing import Annotated
 
@@ -142,3 +143,16 @@ def test_update_message_round_trip_and_scapy_agrees():
     seen = {pa.type_code: pa for pa in path_attrs}
     assert 255 in seen
     assert bytes(seen[255])[4:] == ours.value  # flags, type, 2-byte length, then value
+
+
+def test_an_unknown_summary_kind_is_kept_and_skippable():
+    """A receiver that does not know a kind keeps the entry's bytes (and the signature
+    over them) and skips just that entry; the other tiers stay usable."""
+    adv = examples()[3].advertisement
+    entries = adv.cache_summaries.entries
+    new = wire.CacheSummaries((entries[0], dataclasses.replace(entries[1], kind=200)))
+    data = wire.encode(adv.replace(new))
+    back = wire.decode(data)
+    assert back.cache_summaries.entries[1].kind == 200
+    assert back.to_json()["cache-summaries"][1]["kind"] == 200
+    assert wire.encode(wire.Advertisement.from_json(back.to_json())) == data

@@ -123,6 +123,33 @@ class EnumCodec(FieldCodec):
         raise BadValueError(f"{name} must be one of {self.names}, not {obj!r}")
 
 
+class OpenEnum:
+    """Marks an enum field that also carries codes the enum does not (yet) name: known
+    codes decode to members, others stay plain ints and re-encode unchanged. For fields
+    whose new values a receiver can skip, such as the kind of one summary entry."""
+
+    def __init__(self, inner: UInt):
+        self.inner = inner
+
+
+class OpenEnumCodec(EnumCodec):
+    def convert(self, value: int, name: str, at: int, tlv_type: int | None) -> int:
+        return self.members.get(value, value)
+
+    def check(self, value: Any, name: str) -> None:
+        if not isinstance(value, self.enum_type):
+            self.inner.check(value, name)
+
+    def to_json(self, value: int) -> JSON:
+        return value.name.lower() if isinstance(value, self.enum_type) else value
+
+    def from_json(self, obj: JSON, name: str) -> int:
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            self.inner.check(obj, name)
+            return self.members.get(obj, obj)
+        return super().from_json(obj, name)
+
+
 class Float64(FieldCodec):
     """IEEE 754 binary64; NaN and infinities are refused (they have no single encoding)."""
 
@@ -427,7 +454,12 @@ def record(cls: type[R]) -> type[R]:
         if typing.get_origin(hint) is not typing.Annotated:
             raise TypeError(f"{cls.__name__}.{f.name} has no wire codec annotation")
         base, codec = typing.get_args(hint)[:2]
-        if isinstance(base, type) and issubclass(base, enum.IntEnum):
+        if isinstance(codec, OpenEnum):
+            members = [t for t in typing.get_args(base) if isinstance(t, type)]
+            codec = OpenEnumCodec(
+                codec.inner, next(t for t in members if issubclass(t, enum.IntEnum))
+            )
+        elif isinstance(base, type) and issubclass(base, enum.IntEnum):
             codec = EnumCodec(codec, base)
         layout.append((f.name, codec))
     cls._LAYOUT = tuple(layout)

@@ -36,6 +36,7 @@ from catsproto.wire.fields import (
     Blob,
     IPAddress,
     Items,
+    OpenEnum,
     Record,
     Text,
     UInt,
@@ -181,7 +182,7 @@ class SummaryEntry(Record):
     """
 
     tier: Annotated[Tier, U8]
-    kind: Annotated[SummaryKind, U8]
+    kind: Annotated[SummaryKind | int, OpenEnum(UInt(1, 1))]  # unknown kinds kept
     version: Annotated[int, UInt(4, 1)]
     base_version: Annotated[int, U32]
     key_lo: Annotated[int, U64]
