@@ -281,3 +281,30 @@ def test_every_instance_of_every_site_reaches_the_selector(lab4):
     for name, node in lab4.topology.nodes.items():
         for spec in node.instances:
             lab4.spool(name).withdraw(spec.csci)
+
+
+# ---- the CLI, end to end ---------------------------------------------------------------
+
+
+def test_lab_cli_up_status_capture_down(tmp_path, capsys):
+    from catsproto import cli
+
+    root = ["--root", str(tmp_path)]
+    assert cli.main(["lab", "up", "cats3", "--interval", "0.5", *root]) == 0
+    tag = next(p.name for p in tmp_path.iterdir())
+    try:
+        lab = runner.attach(tmp_path / tag)
+        lab.wait_for(lambda: len({r["origin"] for r in lab.routes("rcv")}) == 2, 30, "routes")
+        capsys.readouterr()
+        assert cli.main(["lab", "status", *root]) == 0
+        status = capsys.readouterr().out
+        assert "10.101.0.11" in status and "t1(frr)" in status and "yes" in status
+        pcap = tmp_path / "spk-t1.pcap"
+        assert (
+            cli.main(["lab", "capture", "spk-t1", "-w", str(pcap), "--seconds", "1.5", *root]) == 0
+        )
+        assert pcap.stat().st_size > 200  # UPDATEs of the modelled instances
+    finally:
+        assert cli.main(["lab", "down", *root]) == 0
+    assert netns.leftover_namespaces(tag) == []
+    assert not any(netns.pid_alive(p.pid) for p in lab.handle.state.processes)
