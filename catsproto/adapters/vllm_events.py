@@ -1,0 +1,480 @@
+"""vLLM KV-cache events over ZeroMQ: a subscriber that feeds the node, and a publisher.
+
+Wire facts (vLLM `ZmqEventPublisher`, checked against 0.33): PUB multipart frames
+``[topic, seq (8 bytes big-endian), payload]``; payload msgpack ``[ts, [event, ...],
+data_parallel_rank]``; seq counts from 0 again when the engine restarts. The engine binds
+its PUB socket only for wildcard / ipc / inproc endpoints and connects otherwise (then the
+subscriber binds), and adds the DP rank to the port of both the PUB and the replay
+endpoint. Replay: a ROUTER bound by the engine; we send ``[b"", start_seq]`` from a
+DEALER and get ``[b"", seq, payload]`` for every buffered batch from start_seq on, then
+``[b"", 0xff×8, b""]``. (A REQ socket would keep only the first reply.) If the buffer no
+longer reaches back to start_seq the engine does not say so: the first replayed seq is
+then above it, and we resync (forget the rank's blocks, keep what the replay shows).
+
+Single-threaded: the caller drives `VllmEventSubscriber.poll(timeout_ms)`; recovery
+blocks that call for at most ``replay_timeout_ms``. Decoding and state live in the pure
+`catsproto.node.vllm`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+
+from catsproto.node.vllm import (
+    END_SEQ,
+    SeqAction,
+    SequenceTracker,
+    VllmEventBatch,
+    VllmEventError,
+    VllmIngest,
+    parse_batch,
+)
+
+__all__ = [
+    "RankEndpoint",
+    "SubscriberStats",
+    "VllmEventPublisher",
+    "VllmEventSubscriber",
+    "cleared_event",
+    "decode_payload",
+    "encode_payload",
+    "engine_binds",
+    "offset_endpoint_port",
+    "removed_event",
+    "stored_event",
+    "subscriber_endpoints",
+]
+
+
+# ---- payloads -------------------------------------------------------------------------
+
+
+def decode_payload(payload: bytes) -> VllmEventBatch:
+    """msgpack bytes -> a parsed batch; raises VllmEventError on anything else."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise VllmEventError(f"payload is not msgpack: {exc}") from None
+    return parse_batch(obj)
+
+
+_STORED_DEFAULTS = (
+    ("extra_keys", None),
+    ("group_idx", None),
+    ("kv_cache_spec_kind", None),
+    ("kv_cache_spec_sliding_window", None),
+)
+
+
+def stored_event(
+    block_hashes: Sequence[int],
+    parent_block_hash: int | None,
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    medium: str | None = "GPU",
+    lora_id: int | None = None,
+    lora_name: str | None = None,
+    legacy: bool = False,
+    **defaults: Any,
+) -> Any:
+    """A BlockStored event as vLLM encodes it: a map with "type" first, fields in
+    declaration order, fields equal to their default left out (``legacy``: the tagged
+    array of vLLM <= 0.23)."""
+    if legacy:
+        return [
+            "BlockStored",
+            list(block_hashes),
+            parent_block_hash,
+            list(token_ids),
+            block_size,
+            lora_id,
+            medium,
+        ]
+    ev: dict[str, Any] = {
+        "type": "BlockStored",
+        "block_hashes": list(block_hashes),
+        "parent_block_hash": parent_block_hash,
+        "token_ids": list(token_ids),
+        "block_size": block_size,
+        "lora_id": lora_id,
+        "medium": medium,
+        "lora_name": lora_name,
+    }
+    for name, default in _STORED_DEFAULTS:
+        value = defaults.pop(name, default)
+        if value != default:
+            ev[name] = value
+    if defaults:
+        raise TypeError(f"unknown BlockStored fields {sorted(defaults)}")
+    return ev
+
+
+def removed_event(
+    block_hashes: Sequence[int],
+    *,
+    medium: str | None = "GPU",
+    group_idx: int | None = None,
+    legacy: bool = False,
+) -> Any:
+    if legacy:
+        return ["BlockRemoved", list(block_hashes), medium]
+    ev: dict[str, Any] = {
+        "type": "BlockRemoved",
+        "block_hashes": list(block_hashes),
+        "medium": medium,
+    }
+    if group_idx is not None:
+        ev["group_idx"] = group_idx
+    return ev
+
+
+def cleared_event(*, legacy: bool = False) -> Any:
+    return ["AllBlocksCleared"] if legacy else {"type": "AllBlocksCleared"}
+
+
+def encode_payload(ts: float, events: Sequence[Any], data_parallel_rank: int | None = 0) -> bytes:
+    """``[ts, [events], data_parallel_rank]`` as msgpack (the rank left out when None)."""
+    batch: list[Any] = [float(ts), list(events)]
+    if data_parallel_rank is not None:
+        batch.append(data_parallel_rank)
+    return msgpack.packb(batch, use_bin_type=True)
+
+
+# ---- endpoints ------------------------------------------------------------------------
+
+
+def offset_endpoint_port(endpoint: str, rank: int) -> str:
+    """vLLM's rule: tcp ports grow by the DP rank, inproc names get ``_dp<rank>``."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        return f"{base}:{int(port) + rank}"
+    raise ValueError(f"cannot offset {endpoint!r} by a DP rank: tcp:// or inproc:// only")
+
+
+def engine_binds(endpoint: str) -> bool:
+    """Does vLLM bind (rather than connect) its PUB socket at this endpoint?"""
+    return (
+        "*" in endpoint
+        or "::" in endpoint
+        or endpoint.startswith("ipc://")
+        or endpoint.startswith("inproc://")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RankEndpoint:
+    """Where one DP rank's events arrive. bind: we bind `pub` (the engine connects)."""
+
+    rank: int
+    pub: str
+    replay: str | None = None
+    bind: bool = False
+
+
+def _towards(endpoint: str, host: str) -> str:
+    return endpoint.replace("*", host, 1) if "*" in endpoint else endpoint
+
+
+def subscriber_endpoints(
+    endpoint: str, replay_endpoint: str | None, ranks: Sequence[int], engine_host: str
+) -> list[RankEndpoint]:
+    """Our side of vLLM's ``kv_events_config`` (endpoint, replay_endpoint) for `ranks`."""
+    out = []
+    for r in ranks:
+        pub = offset_endpoint_port(endpoint, r)
+        binds = engine_binds(pub)
+        replay = offset_endpoint_port(replay_endpoint, r) if replay_endpoint else None
+        out.append(
+            RankEndpoint(
+                r,
+                _towards(pub, engine_host) if binds else pub,
+                _towards(replay, engine_host) if replay else None,
+                bind=not binds,
+            )
+        )
+    return out
+
+
+# ---- subscriber ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    frames: int = 0
+    bytes: int = 0
+    """Bytes of every frame received (topic, seq and payload), replays included."""
+    gaps: int = 0
+    replayed: int = 0
+    resyncs: int = 0
+    restarts: int = 0
+    duplicates: int = 0
+    bad_payloads: int = 0
+    last_error: str = ""
+    recoveries: list[tuple[int, int, int]] = field(default_factory=list)
+    """(rank, requested start, first replayed seq or -1) of every recovery."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    endpoint: RankEndpoint
+    sub: zmq.Socket
+    replay: zmq.Socket | None
+    tracker: SequenceTracker = field(default_factory=SequenceTracker)
+
+
+class VllmEventSubscriber:
+    """Receives one instance's vLLM KV events (one PUB per DP rank) into a `VllmIngest`."""
+
+    def __init__(
+        self,
+        ingest: VllmIngest,
+        endpoints: Sequence[RankEndpoint],
+        *,
+        context: zmq.Context | None = None,
+        topic: bytes = b"",
+        replay_timeout_ms: int = 2_000,
+        join_replay: bool = True,
+    ) -> None:
+        self.ingest = ingest
+        self.stats = SubscriberStats()
+        self.replay_timeout_ms = replay_timeout_ms
+        self.join_replay = join_replay
+        self._ctx = context or zmq.Context.instance()
+        self._poller = zmq.Poller()
+        self._streams: dict[zmq.Socket, _Stream] = {}
+        try:
+            for ep in endpoints:
+                sub = self._ctx.socket(zmq.SUB)
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt(zmq.SUBSCRIBE, topic)
+                sub.bind(ep.pub) if ep.bind else sub.connect(ep.pub)
+                replay = None
+                if ep.replay:
+                    replay = self._ctx.socket(zmq.DEALER)
+                    replay.setsockopt(zmq.LINGER, 0)
+                    replay.connect(ep.replay)
+                self._streams[sub] = _Stream(ep, sub, replay)
+                self._poller.register(sub, zmq.POLLIN)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    def bound_endpoints(self) -> list[str]:
+        """The endpoints actually bound (resolves ``tcp://127.0.0.1:0`` style ports)."""
+        return [
+            s.sub.getsockopt_string(zmq.LAST_ENDPOINT)
+            for s in self._streams.values()
+            if s.endpoint.bind
+        ]
+
+    def poll(self, timeout_ms: int = 0, max_frames: int = 10_000) -> int:
+        """Receive and apply what has arrived (waiting up to `timeout_ms` for the first
+        frame); returns the number of frames handled."""
+        handled = 0
+        ready = dict(self._poller.poll(timeout_ms))
+        while ready and handled < max_frames:
+            for sock in list(ready):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    del ready[sock]
+                    continue
+                self._on_frames(self._streams[sock], frames)
+                handled += 1
+        return handled
+
+    def _on_frames(self, stream: _Stream, frames: list[bytes]) -> None:
+        self.stats.frames += 1
+        self.stats.bytes += sum(len(f) for f in frames)
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.stats.bad_payloads += 1
+            self.stats.last_error = f"expected [topic, seq, payload], got {len(frames)} frames"
+            return
+        self._handle(stream, int.from_bytes(frames[1], "big"), frames[2])
+
+    def _handle(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        tracker = stream.tracker
+        action = tracker.classify(seq)
+        if action is SeqAction.RESTART:
+            self.stats.restarts += 1
+            self.ingest.reset_rank(stream.endpoint.rank)
+            tracker.restarted()
+            action = tracker.classify(seq)
+        if action is SeqAction.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        if action is SeqAction.GAP:
+            joining = tracker.next_seq is None
+            if not (joining and not self.join_replay) and self._recover(stream, seq):
+                return
+        self._apply(stream, seq, payload)
+
+    def _apply(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        stream.tracker.applied(seq)
+        try:
+            batch = decode_payload(payload)
+        except VllmEventError as exc:
+            self.stats.bad_payloads += 1
+            self.stats.last_error = str(exc)
+            return
+        self.ingest.apply_batch(batch, stream.endpoint.rank)
+
+    def _recover(self, stream: _Stream, seq: int) -> bool:
+        """Replay from the first missing sequence. True when the replay covered `seq`."""
+        self.stats.gaps += 1
+        start = stream.tracker.gap_start
+        rank = stream.endpoint.rank
+        replies = self._request_replay(stream, start) if stream.replay is not None else None
+        first = replies[0][0] if replies else -1
+        self.stats.recoveries.append((rank, start, first))
+        if not replies or first > start:
+            self.stats.resyncs += 1
+            self.ingest.reset_rank(rank)
+        if not replies:
+            return False
+        self.stats.replayed += len(replies)
+        for rseq, payload in replies:
+            self._apply(stream, rseq, payload)
+        stream.tracker.replayed(start, replies[-1][0])
+        return replies[-1][0] >= seq
+
+    def _request_replay(self, stream: _Stream, start: int) -> list[tuple[int, bytes]] | None:
+        sock = stream.replay
+        assert sock is not None
+        sock.send_multipart([b"", start.to_bytes(8, "big")])
+        replies: list[tuple[int, bytes]] = []
+        while sock.poll(self.replay_timeout_ms, zmq.POLLIN):
+            frames = sock.recv_multipart()
+            self.stats.bytes += sum(len(f) for f in frames)
+            if len(frames) != 3 or len(frames[1]) != 8:
+                continue
+            if frames[1] == END_SEQ:
+                return [(s, p) for s, p in replies if s >= start]
+            replies.append((int.from_bytes(frames[1], "big"), frames[2]))
+        self.stats.last_error = f"replay from {start} timed out"
+        return None
+
+    def close(self) -> None:
+        for s in self._streams.values():
+            s.sub.close(linger=0)
+            if s.replay is not None:
+                s.replay.close(linger=0)
+        self._streams.clear()
+
+    def __enter__(self) -> VllmEventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- publisher (the modelled instance speaks vLLM) ----------------------------------------
+
+
+class VllmEventPublisher:
+    """Publishes batches exactly as vLLM's ZmqEventPublisher does, replay included.
+
+    `publish` may be called from any one thread; a daemon thread answers replay requests.
+    ``lose=True`` keeps a batch for replay but does not send it (to test loss).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        *,
+        data_parallel_rank: int = 0,
+        buffer_steps: int = 10_000,
+        topic: str = "",
+        context: zmq.Context | None = None,
+    ) -> None:
+        self._ctx = context or zmq.Context.instance()
+        self.rank = data_parallel_rank
+        self.endpoint = offset_endpoint_port(endpoint, data_parallel_rank)
+        self._topic = topic.encode()
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._seq = 0
+        self._lock = threading.Lock()
+        self.bytes_published = 0
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.setsockopt(zmq.SNDHWM, 100_000)
+        if engine_binds(self.endpoint):
+            self._pub.bind(self.endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._pub.connect(self.endpoint)
+        self._router: zmq.Socket | None = None
+        self.replay_endpoint: str | None = None
+        self._running = True
+        self._thread: threading.Thread | None = None
+        if replay_endpoint is not None:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self._router.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
+            self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+            self._thread.start()
+
+    def publish(self, ts: float, events: Sequence[Any], *, lose: bool = False) -> int:
+        """Send one batch; returns its sequence number."""
+        payload = encode_payload(ts, events, self.rank)
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            self._buffer.append((seq, payload))
+            if not lose:
+                frames = (self._topic, seq.to_bytes(8, "big"), payload)
+                self._pub.send_multipart(frames)
+                self.bytes_published += sum(len(f) for f in frames)
+        return seq
+
+    def _serve_replay(self) -> None:
+        router = self._router
+        assert router is not None
+        while self._running:
+            try:
+                if not router.poll(50, zmq.POLLIN):
+                    continue
+                frames = router.recv_multipart()
+            except zmq.ZMQError:
+                return
+            if len(frames) != 3:
+                continue
+            client, _, start_bytes = frames
+            start = int.from_bytes(start_bytes, "big")
+            with self._lock:
+                buffered = [(s, p) for s, p in self._buffer if s >= start]
+            try:
+                for s, p in buffered:
+                    router.send_multipart((client, b"", s.to_bytes(8, "big"), p))
+                router.send_multipart((client, b"", END_SEQ, b""))
+            except zmq.ZMQError:
+                return
+
+    def close(self) -> None:
+        self._running = False
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        with self._lock:
+            self._pub.close(linger=0)
+        if self._router is not None:
+            self._router.close(linger=0)
+
+    def __enter__(self) -> VllmEventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
