@@ -1,0 +1,494 @@
+"""A modelled inference instance that speaks vLLM's KV-event protocol, and its C-SMA.
+
+Strategy. `ModelledEngine` stands in for a vLLM engine: it takes a prompt (token ids, or
+Mooncake ``hash_ids`` plus a length), queues it FCFS, looks up its own tiered cache
+(`catsproto.node.TieredCache`, exclusive LRU with demotion), sleeps for the prefill of
+the uncached tokens (÷ prefill rate, on a clock scaled by ``time_scale`` so demos run
+fast) and publishes every cache change as vLLM KV events on a real ZMQ PUB socket
+(`VllmEventPublisher`, replay included). Block hashes are vLLM-like: the last 8 bytes of
+SHA-256 over the parent hash and the block's tokens; for Mooncake prompts the trace's
+hash_ids are the hashes and the token ids are synthetic.
+
+`NodeAgent` is the C-SMA, and it knows the engine only through those events: a
+`VllmEventSubscriber` feeds a mirror `TieredCache`, an `AdvertisementBuilder` turns it
+into dampened advertisements (handed to ``on_routes``), and a Prometheus collector
+exposes its counters. Compute metrics come from a callable (here the engine's queue).
+
+`InstanceServer` is the HTTP face (stdlib ``http.server``, one thread per request):
+
+    POST /generate   {"prompt_token_ids": [...]} or {"hash_ids": [...], "input_length": n}
+                     -> answered when prefill ends (the first token): the client measures
+                        time to first token; the body tells cached and computed tokens
+    GET  /state      the engine's queue and cache, the node's counters
+    GET  /advertisements   the latest advertisement per route (hex and JSON)
+    GET  /metrics    Prometheus text
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import zmq
+
+from catsproto import wire
+from catsproto.adapters.metrics import (
+    CONTENT_TYPE,
+    HitCounter,
+    NodeCollector,
+    node_registry,
+    render,
+)
+from catsproto.adapters.vllm_events import (
+    RankEndpoint,
+    VllmEventPublisher,
+    VllmEventSubscriber,
+    removed_event,
+    stored_event,
+)
+from catsproto.keys import BlockKeyer
+from catsproto.node import (
+    AdvertisementBuilder,
+    BlockEvent,
+    BlockEventKind,
+    BuilderConfig,
+    ComputeState,
+    KeyMode,
+    RouteAdvertisement,
+    TieredCache,
+    TierSpec,
+    VllmIngest,
+)
+from catsproto.wire import Tier
+
+__all__ = [
+    "MEDIUM_OF_TIER",
+    "EngineConfig",
+    "InstanceServer",
+    "ModelledEngine",
+    "NodeAgent",
+    "PromptError",
+    "vllm_block_hash",
+]
+
+MEDIUM_OF_TIER = {Tier.HBM: "GPU", Tier.DRAM: "CPU", Tier.SSD: "DISK", Tier.REMOTE: "REMOTE"}
+_NONE_HASH = bytes(8)
+_TOKEN_SPACE = 1 << 31
+
+
+class PromptError(ValueError):
+    """A request body the engine cannot serve."""
+
+
+def vllm_block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """A vLLM-like block hash: the low 64 bits of SHA-256(parent hash ‖ token ids)."""
+    h = hashlib.sha256(parent.to_bytes(8, "big") if parent is not None else _NONE_HASH)
+    h.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    return int.from_bytes(h.digest()[-8:], "big")
+
+
+def mooncake_tokens(hash_id: int, block_size: int) -> list[int]:
+    """Synthetic token ids for a Mooncake block (the trace publishes none)."""
+    base = hash_id * block_size
+    return [(base + j) % _TOKEN_SPACE for j in range(block_size)]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    prefill_rate_tps: float = 8_000.0
+    time_scale: float = 1.0
+    """Model seconds per wall second (10 = ten times faster than real)."""
+    tiers: tuple[TierSpec, ...] = (
+        TierSpec(Tier.HBM, 2_048, 5, 1_600_000),
+        TierSpec(Tier.DRAM, 16_384, 30, 400_000),
+    )
+    pub_endpoint: str = "tcp://127.0.0.1:*"
+    replay_endpoint: str | None = "tcp://127.0.0.1:*"
+
+
+@dataclass
+class _Job:
+    blocks: list[tuple[int, int | None, list[int] | None]]
+    input_length: int
+    arrived: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelledEngine:
+    """FCFS prefill over a tiered cache; publishes vLLM KV events. One worker thread."""
+
+    def __init__(self, config: EngineConfig, context: zmq.Context | None = None) -> None:
+        self.config = config
+        self.cache = TieredCache(config.tiers)
+        self.hits = HitCounter()
+        self.publisher = VllmEventPublisher(
+            config.pub_endpoint, config.replay_endpoint, context=context
+        )
+        self._blocks: dict[int, tuple[int | None, list[int] | None]] = {}
+        """hash -> (parent hash, token ids or None for Mooncake ids), for every block the
+        cache holds, to publish a block again when it moves. Worker thread only."""
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.waiting = 0
+        self.running = 0
+        self.outstanding_tokens = 0
+        self.busy_s = 0.0
+        self.started = time.monotonic()
+        self._worker = threading.Thread(target=self._run, daemon=True, name="engine")
+        self._worker.start()
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def prompt_blocks(
+        self, body: dict[str, Any]
+    ) -> tuple[list[tuple[int, int | None, list[int] | None]], int]:
+        """(hash, parent, tokens) of every full block of a request body, and its length."""
+        bs = self.config.block_size
+        if "prompt_token_ids" in body:
+            tokens = body["prompt_token_ids"]
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and 0 <= t < 1 << 32 for t in tokens
+            ):
+                raise PromptError("prompt_token_ids must be a list of u32 token ids")
+            blocks: list[tuple[int, int | None, list[int] | None]] = []
+            parent = None
+            for start in range(0, len(tokens) - len(tokens) % bs, bs):
+                block = tokens[start : start + bs]
+                h = vllm_block_hash(parent, block)
+                blocks.append((h, parent, block))
+                parent = h
+            return blocks, len(tokens)
+        if "hash_ids" in body:
+            ids, length = body["hash_ids"], body.get("input_length")
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and 0 <= i < 1 << 63 for i in ids
+            ):
+                raise PromptError("hash_ids must be a list of non-negative integers")
+            if not isinstance(length, int) or length < 0:
+                raise PromptError("input_length must be a non-negative integer")
+            return [(h, p, None) for h, p in zip(ids, [None, *ids], strict=False)], length
+        raise PromptError("give prompt_token_ids, or hash_ids and input_length")
+
+    def submit(self, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Queue a request and wait for its prefill to end."""
+        blocks, length = self.prompt_blocks(body)
+        with self._lock:
+            job = _Job(blocks, length, time.monotonic())
+            self.waiting += 1
+            self.outstanding_tokens += length
+        self._queue.put(job)
+        if not job.done.wait(timeout):
+            raise TimeoutError("request not served in time")
+        return job.result
+
+    def _run(self) -> None:
+        bs = self.config.block_size
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                self.waiting -= 1
+                self.running += 1
+                for h, parent, tokens in job.blocks:
+                    if h not in self._blocks:
+                        self._blocks[h] = (parent, tokens)
+                hit, events = self.cache.admit([b[0] for b in job.blocks])
+                cached = min(job.input_length, hit.depth * bs)
+                computed = job.input_length - cached
+                self.outstanding_tokens -= cached
+                self.hits.lookup_blocks += len(job.blocks)
+                self.hits.hit_blocks += hit.depth
+            self._publish(events)
+            prefill_s = computed / self.config.prefill_rate_tps
+            start = time.monotonic()
+            time.sleep(prefill_s / self.config.time_scale)
+            with self._lock:
+                self.running -= 1
+                self.outstanding_tokens -= computed
+                self.busy_s += time.monotonic() - start
+            job.result = {
+                "blocks": len(job.blocks),
+                "cached_blocks": hit.depth,
+                "cached_blocks_by_tier": {
+                    t.name.lower(): hit.blocks_in(t) for t in self.cache.order if hit.blocks_in(t)
+                },
+                "cached_tokens": cached,
+                "prefill_tokens": computed,
+                "model_prefill_ms": round(1000 * prefill_s, 3),
+                "queue_wall_ms": round(1000 * (start - job.arrived), 3),
+            }
+            job.done.set()
+
+    def _stored(self, medium: str, hashes: Sequence[int]) -> list[Any]:
+        """BlockStored events for `hashes`, one per run that chains parent to child."""
+        out: list[Any] = []
+        run: list[int] = []
+        for h in [*hashes, None]:
+            if run and (h is None or self._blocks[h][0] != run[-1]):
+                parent = self._blocks[run[0]][0]
+                tokens = [t for r in run for t in self._tokens(r)]
+                out.append(stored_event(run, parent, tokens, self.config.block_size, medium=medium))
+                run = []
+            if h is not None:
+                run.append(h)
+        return out
+
+    def _tokens(self, h: int) -> list[int]:
+        tokens = self._blocks[h][1]
+        return tokens if tokens is not None else mooncake_tokens(h, self.config.block_size)
+
+    def _publish(self, events: list[BlockEvent]) -> None:
+        out: list[Any] = []
+        for ev in events:
+            medium = MEDIUM_OF_TIER[ev.tier]
+            if ev.kind is BlockEventKind.STORED:
+                out += self._stored(medium, ev.keys)
+            elif ev.kind is BlockEventKind.REMOVED:
+                out.append(removed_event(list(ev.keys), medium=medium))
+                for h in ev.keys:
+                    if h not in self.cache:
+                        self._blocks.pop(h, None)
+            elif ev.kind is BlockEventKind.MOVED:
+                assert ev.to_tier is not None
+                out.append(removed_event(list(ev.keys), medium=medium))
+                out += self._stored(MEDIUM_OF_TIER[ev.to_tier], ev.keys)
+        if out:
+            self.publisher.publish(time.time(), out)
+
+    def compute_state(self) -> ComputeState:
+        with self._lock:
+            top = self.cache.order[0]
+            capacity = max(1, self.cache.specs[top].capacity_blocks)
+            return ComputeState(
+                waiting=self.waiting,
+                running=self.running,
+                outstanding_prefill_tokens=max(0, self.outstanding_tokens),
+                prefill_rate_tps=self.config.prefill_rate_tps,
+                utilisation=1.0 if self.running else 0.0,
+                kv_utilisation=self.cache.count(top) / capacity,
+            )
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "waiting": self.waiting,
+                "running": self.running,
+                "outstanding_prefill_tokens": self.outstanding_tokens,
+                "blocks": {t.name.lower(): self.cache.count(t) for t in self.cache.order},
+                "hit_ratio": round(self.hits.ratio, 6),
+                "events_published_bytes": self.publisher.bytes_published,
+            }
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=5)
+        self.publisher.close()
+
+
+class NodeAgent:
+    """The C-SMA: vLLM events in, advertisements out, on its own thread.
+
+    on_routes receives every non-empty list of `RouteAdvertisement`s (unsigned). The
+    epoch defaults to the wall-clock second of the start (new on every restart).
+    """
+
+    def __init__(
+        self,
+        builder_config: BuilderConfig,
+        tiers: Sequence[TierSpec],
+        keyer: BlockKeyer,
+        endpoints: Sequence[RankEndpoint],
+        compute_state: Callable[[], ComputeState],
+        *,
+        key_mode: KeyMode = KeyMode.TOKENS,
+        engine: str = "vllm",
+        on_routes: Callable[[list[RouteAdvertisement]], None] | None = None,
+        epoch: int | None = None,
+        poll_ms: int = 20,
+        hits: HitCounter | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.cache = TieredCache(tiers)
+        self.ingest = VllmIngest(self.cache, keyer, key_mode=key_mode, engine=engine)
+        self.subscriber = VllmEventSubscriber(self.ingest, endpoints, context=context)
+        self.builder = AdvertisementBuilder(
+            builder_config, self.cache, int(time.time()) if epoch is None else epoch
+        )
+        self.compute_state = compute_state
+        self.on_routes = on_routes
+        self.poll_ms = poll_ms
+        self.latest: dict[str, RouteAdvertisement] = {}
+        self.error: str = ""
+        self.registry = node_registry(
+            NodeCollector(
+                self.cache,
+                lambda: self.builder.stats,
+                lambda: self.ingest.stats,
+                lambda: self.subscriber.stats,
+                hits,
+                builder_config.address,
+            )
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="c-sma")
+
+    def start(self) -> NodeAgent:
+        self._thread.start()
+        return self
+
+    def step(self, timeout_ms: int = 0) -> list[RouteAdvertisement]:
+        """One round: take in events, then ask the builder (exposed for tests)."""
+        with self._lock:
+            self.subscriber.poll(timeout_ms)
+            routes = self.builder.poll(int(time.time() * 1000), self.compute_state())
+            for r in routes:
+                self.latest[str(r.prefix)] = r
+        if routes and self.on_routes is not None:
+            self.on_routes(routes)
+        return routes
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step(self.poll_ms)
+            except Exception as exc:  # keep serving; the error shows in /state
+                self.error = f"{type(exc).__name__}: {exc}"
+                self._stop.wait(1.0)
+
+    def advertisements(self) -> list[dict[str, Any]]:
+        with self._lock:
+            routes = list(self.latest.values())
+        return [route_json(r) for r in routes]
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "blocks": {t.name.lower(): self.cache.count(t) for t in self.cache.order},
+                "ingest": {
+                    k: getattr(self.ingest.stats, k)
+                    for k in ("batches", "events", "blocks_stored", "blocks_removed", "orphans")
+                },
+                "subscriber": {
+                    k: getattr(self.subscriber.stats, k)
+                    for k in ("frames", "bytes", "gaps", "resyncs", "restarts")
+                },
+                "builder": {
+                    "advertisements": self.builder.stats.advertisements,
+                    "suppressed": self.builder.stats.suppressed,
+                    "bytes": self.builder.stats.bytes,
+                    "epoch": self.builder.epoch,
+                    "sequence": self.builder.sequence,
+                },
+                "error": self.error,
+            }
+
+    def metrics(self) -> bytes:
+        with self._lock:
+            return render(self.registry)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.subscriber.close()
+
+
+def route_json(route: RouteAdvertisement) -> dict[str, Any]:
+    """A route advertisement as one JSON object (what `--adverts-out` writes per line)."""
+    value = wire.encode(route.advertisement)
+    return {
+        "prefix": str(route.prefix),
+        "tier": route.tier.name.lower() if route.tier is not None else None,
+        "shard": route.shard,
+        "epoch": route.epoch,
+        "sequence": route.sequence,
+        "reason": route.reason.value,
+        "value": value.hex(),
+        "advertisement": route.advertisement.to_json(),
+    }
+
+
+class InstanceServer:
+    """HTTP front of an engine and (optionally) its node agent."""
+
+    def __init__(
+        self, engine: ModelledEngine, node: NodeAgent | None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.engine = engine
+        self.node = node
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> InstanceServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self.node is not None:
+            self.node.close()
+        self.engine.close()
+
+
+def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, obj: Any) -> None:
+            self._send(status, json.dumps(obj).encode())
+
+        def do_GET(self) -> None:
+            if self.path == "/state":
+                node = server.node.state() if server.node is not None else None
+                self._json(200, {"engine": server.engine.state(), "node": node})
+            elif self.path == "/advertisements" and server.node is not None:
+                self._json(200, server.node.advertisements())
+            elif self.path == "/metrics" and server.node is not None:
+                self._send(200, server.node.metrics(), CONTENT_TYPE)
+            else:
+                self._json(404, {"error": f"no {self.path}"})
+
+        def do_POST(self) -> None:
+            if self.path != "/generate":
+                self._json(404, {"error": f"no {self.path}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                if not isinstance(body, dict):
+                    raise PromptError("the body must be a JSON object")
+                result = server.engine.submit(body, timeout=600)
+            except (PromptError, json.JSONDecodeError, ValueError) as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            self._json(200, result)
+
+    return Handler

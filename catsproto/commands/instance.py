@@ -1,0 +1,281 @@
+"""`catsproto instance`: the modelled inference instance and its C-SMA node.
+
+    catsproto instance serve --secret HEX --cs-id 1 --address 10.0.0.5 [...]
+        the modelled engine (HTTP + vLLM KV events on ZMQ) and, unless --no-node, the
+        node that ingests those events and builds advertisements
+    catsproto instance node --secret HEX --cs-id 1 --address 10.0.0.5 \\
+        --endpoint tcp://*:5557 --replay-endpoint tcp://*:5558 --engine-host 10.0.0.9
+        only the node, fed by a real vLLM (its --kv-events-config endpoints)
+
+Advertisements (unsigned) go to --adverts-out as JSON lines: prefix, epoch, sequence,
+reason and the attribute value in hex.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from catsproto.commands import UsageError
+from catsproto.keys import ENGINE_MOONCAKE, ENGINE_VLLM, BlockKeyer
+from catsproto.node import (
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
+    KeyMode,
+    ModelShape,
+    RouteAdvertisement,
+    TierSpec,
+)
+from catsproto.wire import Tier
+
+DEFAULT_TIERS = ["hbm:2048:5:1600000", "dram:16384:30:400000"]
+
+
+def parse_tier(text: str) -> TierSpec:
+    """``name:capacity_blocks:fetch_latency_us:fetch_bandwidth_mbps``."""
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise UsageError(f"tier {text!r}: expected name:blocks:latency_us:bandwidth_mbps")
+    name, *numbers = parts
+    try:
+        tier = Tier[name.upper()]
+    except KeyError:
+        raise UsageError(f"tier {text!r}: name must be hbm, dram, ssd or remote") from None
+    try:
+        cap, lat, bw = (int(n) for n in numbers)
+        return TierSpec(tier, cap, lat, bw)
+    except ValueError as exc:
+        raise UsageError(f"tier {text!r}: {exc}") from None
+
+
+def _tiers(args: argparse.Namespace) -> list[TierSpec]:
+    tiers = sorted((parse_tier(t) for t in (args.tier or DEFAULT_TIERS)), key=lambda s: s.tier)
+    if len({s.tier for s in tiers}) != len(tiers):
+        raise UsageError("each tier may be given once")
+    return tiers
+
+
+def _secret(args: argparse.Namespace) -> bytes:
+    try:
+        secret = bytes.fromhex(args.secret)
+    except ValueError:
+        raise UsageError("--secret must be hex") from None
+    if not 16 <= len(secret) <= 64:
+        raise UsageError(f"--secret must be 16..64 bytes, got {len(secret)}")
+    return secret
+
+
+def _builder_config(args: argparse.Namespace) -> BuilderConfig:
+    try:
+        shape = ModelShape(
+            args.layers, args.kv_heads, args.head_dim, args.dtype_bytes, args.block_size
+        )
+        return BuilderConfig(
+            cs_id=args.cs_id,
+            address=args.address,
+            model_id=args.model_id,
+            block_size=args.block_size,
+            bytes_per_block=shape.bytes_per_block,
+            site_id=args.site_id,
+            secret_id=args.secret_id,
+            target_fpr=args.target_fpr,
+            max_message_bytes=args.max_message,
+            shard_range=args.shard_range,
+            dampening=DampeningPolicy(
+                args.min_interval_ms, args.max_interval_ms, args.change_threshold
+            ),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _writer(path: str | None) -> tuple[Any, TextIO | None]:
+    if path is None:
+        return None, None
+    out: TextIO = sys.stdout if path == "-" else Path(path).open("a", encoding="utf-8")  # noqa: SIM115
+    lock = threading.Lock()
+
+    def on_routes(routes: list[RouteAdvertisement]) -> None:
+        from catsproto.adapters.instance import route_json
+
+        with lock:
+            for r in routes:
+                line = route_json(r)
+                del line["advertisement"]
+                out.write(json.dumps(line) + "\n")
+            out.flush()
+
+    return on_routes, (out if out is not sys.stdout else None)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine, NodeAgent
+    from catsproto.adapters.vllm_events import RankEndpoint
+
+    tiers = _tiers(args)
+    if args.prefill_rate <= 0 or args.time_scale <= 0:
+        raise UsageError("--prefill-rate and --time-scale must be > 0")
+    config = _builder_config(args) if not args.no_node else None
+    secret = _secret(args) if not args.no_node else b""
+    engine = ModelledEngine(
+        EngineConfig(
+            block_size=args.block_size,
+            prefill_rate_tps=args.prefill_rate,
+            time_scale=args.time_scale,
+            tiers=tuple(tiers),
+            pub_endpoint=args.pub_endpoint,
+            replay_endpoint=args.replay_endpoint,
+        )
+    )
+    node = None
+    sink = None
+    try:
+        if config is not None:
+            on_routes, sink = _writer(args.adverts_out)
+            mooncake = args.keys == "mooncake"
+            node = NodeAgent(
+                config,
+                tiers,
+                BlockKeyer(secret, args.model_id, args.block_size),
+                [RankEndpoint(0, engine.publisher.endpoint, engine.publisher.replay_endpoint)],
+                engine.compute_state,
+                key_mode=KeyMode.ENGINE_IDS if mooncake else KeyMode.TOKENS,
+                engine=ENGINE_MOONCAKE if mooncake else ENGINE_VLLM,
+                on_routes=on_routes,
+                hits=engine.hits,
+            ).start()
+        server = InstanceServer(engine, node, args.host, args.port).start()
+    except (OSError, ValueError) as exc:
+        if node is not None:
+            node.close()
+        engine.close()
+        raise UsageError(str(exc)) from None
+    print(
+        json.dumps(
+            {
+                "listening": server.url,
+                "kv_events": engine.publisher.endpoint,
+                "replay": engine.publisher.replay_endpoint,
+            }
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        _wait_for_signal()
+    finally:
+        server.close()
+        if sink is not None:
+            sink.close()
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from catsproto.adapters.instance import NodeAgent
+    from catsproto.adapters.vllm_events import subscriber_endpoints
+
+    tiers = _tiers(args)
+    config = _builder_config(args)
+    try:
+        endpoints = subscriber_endpoints(
+            args.endpoint, args.replay_endpoint, range(args.dp_ranks), args.engine_host
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    on_routes, sink = _writer(args.adverts_out)
+    try:
+        node = NodeAgent(
+            config,
+            tiers,
+            BlockKeyer(_secret(args), args.model_id, args.block_size),
+            endpoints,
+            lambda: ComputeState(prefill_rate_tps=args.prefill_rate),
+            on_routes=on_routes,
+        ).start()
+    except Exception as exc:
+        raise UsageError(f"cannot start the node: {exc}") from None
+    try:
+        _wait_for_signal()
+    finally:
+        node.close()
+        if sink is not None:
+            sink.close()
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
+    g = p.add_argument_group("advertisement")
+    g.add_argument("--secret", required=secret_required, help="block-key secret, hex")
+    g.add_argument("--secret-id", type=int, default=0)
+    g.add_argument("--cs-id", type=int, default=1)
+    g.add_argument("--site-id", type=int, default=0)
+    g.add_argument("--address", default="127.0.0.1", help="the instance's CSCI-ID address")
+    g.add_argument("--model-id", default="meta-llama/Llama-3.1-8B-Instruct")
+    g.add_argument("--shard-range", help="prefix for shard routes, e.g. 10.255.1.0/24")
+    g.add_argument("--max-message", type=int, default=4096, help="4096, or 65535 (RFC 8654)")
+    g.add_argument("--target-fpr", type=float, default=0.01)
+    g.add_argument("--min-interval-ms", type=int, default=1000)
+    g.add_argument("--max-interval-ms", type=int, default=30_000)
+    g.add_argument("--change-threshold", type=float, default=0.05)
+    g.add_argument("--adverts-out", help="append advertisements as JSON lines (- for stdout)")
+    g = p.add_argument_group("model")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    g.add_argument("--layers", type=int, default=32)
+    g.add_argument("--kv-heads", type=int, default=8)
+    g.add_argument("--head-dim", type=int, default=128)
+    g.add_argument("--dtype-bytes", type=int, default=2)
+    g.add_argument("--prefill-rate", type=float, default=8000.0, help="tokens per second")
+    g.add_argument(
+        "--tier",
+        action="append",
+        help="name:blocks:latency_us:bandwidth_mbps, repeatable "
+        f"(default {' '.join(DEFAULT_TIERS)})",
+    )
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("instance", help="the modelled inference instance and its node")
+    sub = p.add_subparsers(dest="instance_command", required=True, metavar="ACTION")
+
+    s = sub.add_parser("serve", help="modelled engine (HTTP, vLLM KV events) plus its node")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--time-scale", type=float, default=1.0, help="model seconds per second")
+    s.add_argument("--pub-endpoint", default="tcp://127.0.0.1:*", help="KV events PUB")
+    s.add_argument("--replay-endpoint", default="tcp://127.0.0.1:*", help="replay ROUTER")
+    s.add_argument(
+        "--keys",
+        choices=["tokens", "mooncake"],
+        default="tokens",
+        help="key blocks by token ids, or by Mooncake hash_ids",
+    )
+    s.add_argument("--no-node", action="store_true", help="run the engine only")
+    _common(s, secret_required=False)
+    s.set_defaults(func=_serve_checked)
+
+    n = sub.add_parser("node", help="the node alone, fed by a real vLLM's KV events")
+    n.add_argument("--endpoint", required=True, help="vLLM's kv-events endpoint")
+    n.add_argument("--replay-endpoint", help="vLLM's replay endpoint")
+    n.add_argument("--engine-host", default="127.0.0.1", help="replaces * in the endpoints")
+    n.add_argument("--dp-ranks", type=int, default=1)
+    _common(n, secret_required=True)
+    n.set_defaults(func=cmd_node)
+
+
+def _serve_checked(args: argparse.Namespace) -> int:
+    if not args.no_node and args.secret is None:
+        raise UsageError("--secret is required unless --no-node")
+    return cmd_serve(args)

@@ -1,0 +1,236 @@
+"""The modelled instance end to end: HTTP prompts -> its cache -> vLLM events over ZMQ ->
+the node's mirror -> advertisements and Prometheus metrics; and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from catsproto import wire
+from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine, NodeAgent
+from catsproto.adapters.vllm_events import RankEndpoint
+from catsproto.commands import UsageError
+from catsproto.commands.instance import parse_tier
+from catsproto.keys import BlockKeyer
+from catsproto.node import BuilderConfig, DampeningPolicy, KeyMode, TierSpec
+from catsproto.summary import SummaryReceiver
+from catsproto.wire import Tier
+
+SECRET = b"i" * 32
+BS = 16
+TIERS = (TierSpec(Tier.HBM, 8, 5, 1_600_000), TierSpec(Tier.DRAM, 64, 30, 400_000))
+
+
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def get(url: str, path: str) -> bytes:
+    with urllib.request.urlopen(url + path, timeout=10) as resp:
+        return resp.read()
+
+
+def start(key_mode: KeyMode = KeyMode.TOKENS) -> tuple[InstanceServer, NodeAgent]:
+    engine = ModelledEngine(EngineConfig(block_size=BS, prefill_rate_tps=1e6, tiers=TIERS))
+    cfg = BuilderConfig(
+        cs_id=1,
+        address="10.0.0.5",
+        model_id="m",
+        block_size=BS,
+        bytes_per_block=1 << 20,
+        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=60_000),
+    )
+    node = NodeAgent(
+        cfg,
+        TIERS,
+        BlockKeyer(SECRET, "m", BS),
+        [RankEndpoint(0, engine.publisher.endpoint, engine.publisher.replay_endpoint)],
+        engine.compute_state,
+        key_mode=key_mode,
+        engine="mooncake" if key_mode is KeyMode.ENGINE_IDS else "vllm",
+        hits=engine.hits,
+    )
+    return InstanceServer(engine, node).start(), node
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[InstanceServer, NodeAgent]]:
+    server, node = start()
+    yield server, node
+    server.close()
+
+
+def settle(node: NodeAgent, engine: ModelledEngine) -> None:
+    """Step the node until its mirror matches the engine (events are asynchronous)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        node.step(20)
+        if all(node.cache.count(t) == engine.cache.count(t) for t in engine.cache.order) and (
+            node.ingest.stats.batches and node.subscriber.stats.frames
+        ):
+            return
+    raise AssertionError(f"node did not catch up: {node.state()} vs {engine.state()}")
+
+
+def test_prompts_hit_their_cache_and_the_node_mirrors_it(served) -> None:  # type: ignore[no-untyped-def]
+    server, node = served
+    keyer = BlockKeyer(SECRET, "m", BS)
+    a = list(range(1000, 1000 + 5 * BS + 3))  # five full blocks and a partial one
+    status, first = post(server.url, {"prompt_token_ids": a})
+    assert status == 200 and first["cached_blocks"] == 0 and first["prefill_tokens"] == len(a)
+    b = a[: 3 * BS] + list(range(7000, 7000 + 2 * BS))
+    status, second = post(server.url, {"prompt_token_ids": b})
+    assert second["cached_blocks"] == 3 and second["cached_tokens"] == 3 * BS
+    assert second["cached_blocks_by_tier"] == {"hbm": 3}
+    # push the first prompt's private blocks down to DRAM
+    post(server.url, {"prompt_token_ids": list(range(20_000, 20_000 + 6 * BS))})
+    settle(node, server.engine)
+    engine_keys = {t: server.engine.cache.count(t) for t in TIERS_ORDER}
+    assert engine_keys[Tier.DRAM] > 0
+    wanted = set(keyer.block_keys(a)) | set(keyer.block_keys(b))
+    held = set(node.cache.lru_keys(Tier.HBM)) | set(node.cache.lru_keys(Tier.DRAM))
+    assert wanted <= held  # the node re-keyed every block from the published token ids
+    assert node.ingest.stats.orphans == 0
+
+    routes = node.step(0) or list(node.latest.values())
+    adv = wire.decode(wire.encode(routes[-1].advertisement))
+    receiver = SummaryReceiver()
+    hbm = next(e for e in adv.cache_summaries.entries if e.tier == Tier.HBM)  # type: ignore[union-attr]
+    receiver.apply_entry(hbm)
+    in_hbm = np.array(node.cache.lru_keys(Tier.HBM), dtype=np.uint64)
+    assert receiver.contains_many(in_hbm).all()
+
+    state = json.loads(get(server.url, "/state"))
+    assert state["engine"]["hit_ratio"] > 0 and state["node"]["ingest"]["batches"] > 0
+    ads = json.loads(get(server.url, "/advertisements"))
+    assert ads and wire.decode(bytes.fromhex(ads[0]["value"])).origin.cs_id == 1
+    metrics = get(server.url, "/metrics").decode()
+    assert 'catsproto_node_blocks{instance="10.0.0.5",tier="hbm"}' in metrics
+    assert "catsproto_node_advertisements_total" in metrics
+    assert 'catsproto_node_block_events_total{instance="10.0.0.5",kind="stored"}' in metrics
+
+
+TIERS_ORDER = [t.tier for t in TIERS]
+
+
+def test_bad_requests_get_400(served) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    assert post(server.url, {"prompt_token_ids": "x"})[0] == 400
+    assert post(server.url, {"hash_ids": [1], "input_length": -1})[0] == 400
+    assert post(server.url, {})[0] == 400
+
+
+def test_mooncake_prompts_key_by_hash_ids() -> None:
+    server, node = start(KeyMode.ENGINE_IDS)
+    try:
+        keyer = BlockKeyer(SECRET, "m", BS)
+        status, r = post(server.url, {"hash_ids": [0, 1, 2], "input_length": 40})
+        assert status == 200 and r["prefill_tokens"] == 40
+        status, r = post(server.url, {"hash_ids": [0, 1, 9], "input_length": 45})
+        assert r["cached_blocks"] == 2 and r["cached_tokens"] == 32 and r["prefill_tokens"] == 13
+        settle(node, server.engine)
+        assert set(node.cache.lru_keys(Tier.HBM)) == {
+            keyer.engine_key("mooncake", i) for i in (0, 1, 2, 9)
+        }
+    finally:
+        server.close()
+
+
+def test_fcfs_queue_and_scaled_clock() -> None:
+    engine = ModelledEngine(
+        EngineConfig(block_size=BS, prefill_rate_tps=1000.0, time_scale=10.0, tiers=TIERS)
+    )
+    try:
+        import threading
+
+        results: list[dict[str, Any]] = []
+        body = {"hash_ids": [1, 2], "input_length": 1000}  # 1 model s = 0.1 wall s
+        threads = [
+            threading.Thread(target=lambda: results.append(engine.submit(body))) for _ in range(3)
+        ]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+        # the first computes everything; the others hit both blocks (32 of 1000 tokens)
+        assert sorted(r["prefill_tokens"] for r in results) == [968, 968, 1000]
+        assert 0.25 < wall < 2.0  # (1000 + 968 + 968) / 1000 / 10 s, served one by one
+        assert max(r["queue_wall_ms"] for r in results) > 150
+    finally:
+        engine.close()
+
+
+def test_tier_option_parsing() -> None:
+    assert parse_tier("dram:10:20:30") == TierSpec(Tier.DRAM, 10, 20, 30)
+    for bad in ("gpu:1:2:3", "hbm:1:2", "hbm:x:2:3", "hbm:-1:2:3"):
+        with pytest.raises(UsageError):
+            parse_tier(bad)
+
+
+def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "adverts.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "catsproto",
+            "instance",
+            "serve",
+            "--port",
+            "0",
+            "--secret",
+            SECRET.hex(),
+            "--block-size",
+            "16",
+            "--prefill-rate",
+            "1000000",
+            "--min-interval-ms",
+            "0",
+            "--adverts-out",
+            str(out),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = json.loads(proc.stderr.readline())  # type: ignore[union-attr]
+        url = line["listening"]
+        status, _ = post(url, {"prompt_token_ids": list(range(64))})
+        assert status == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = json.loads(get(url, "/state"))
+            if state["node"]["blocks"]["hbm"] == 4 and out.exists() and out.read_text():
+                break
+            time.sleep(0.05)
+        assert state["node"]["blocks"]["hbm"] == 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert rows[0]["prefix"] == "127.0.0.1/32" and rows[0]["sequence"] == 1
+        wire.decode(bytes.fromhex(rows[-1]["value"]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()  # type: ignore[union-attr]
