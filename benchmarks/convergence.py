@@ -19,6 +19,7 @@ import ipaddress
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -128,6 +129,7 @@ def main() -> int:
         t = time.monotonic()
         lab.down()
         down_s = time.monotonic() - t
+        shutil.rmtree(root, ignore_errors=True)
     result = {
         "benchmark": "convergence",
         "topology": lab.topology.name,

@@ -198,7 +198,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n{accepted} advertisements accepted at {receiver}")
     finally:
         t = time.monotonic()
-        lab.down()
+        runner.down(lab.run_dir)  # processes, namespaces, and the run directory
         print(f"lab down in {time.monotonic() - t:.2f}s")
     return 0 if rows else 1
 
