@@ -24,7 +24,7 @@ import numpy as np
 
 from catsproto import wire
 from catsproto.selector import RIB, Link, Network, PathSelector, Request, SelectorConfig
-from catsproto.summary import Summary
+from catsproto.summary import build_shards, entry_budget
 
 BLOCK = 512
 PROMPT_BLOCKS = 128
@@ -46,32 +46,34 @@ def build_fleet(n: int, blocks: int, pool: np.ndarray, rng: np.random.Generator,
         ]
         if planted:
             keys[: sum(len(p) for p in planted)] = np.concatenate(planted)[:blocks]
-        summaries.append(Summary.build(keys, 0.01, kind=3))
+        # shards by key range, each fitting one extended (65535-byte) UPDATE
+        summaries.append(build_shards(keys, entry_budget(65535, 400), 0.01, kind=3))
     for i in range(n):
-        s = summaries[i % distinct]
-        entry = wire.SummaryEntry(
-            wire.Tier.HBM,
-            wire.SummaryKind(s.kind),
-            1,
-            0,
-            0,
-            2**64 - 1,
-            blocks,
-            64 << 20,
-            5,
-            800_000,
-            s.params(),
-            s.encode(),
-        )
-        adv = wire.Advertisement.build(
-            wire.Version(1),
-            wire.Origin(7, 1 + i % sites, ipaddress.IPv4Address(0x0A000000 + i + 1)),
-            wire.Sequence(1, 1),
-            wire.Timestamp(1),
-            wire.CacheModel("bench", BLOCK, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
-            wire.CacheSummaries((entry,)),
-        )
-        rib.accept(adv, now_ms=1)
+        for shard in summaries[i % distinct]:
+            s = shard.summary
+            entry = wire.SummaryEntry(
+                tier=wire.Tier.HBM,
+                kind=wire.SummaryKind(s.kind),
+                version=1,
+                base_version=0,
+                key_lo=shard.key_lo,
+                key_hi=shard.key_hi,
+                entry_count=shard.entry_count,
+                bytes_per_block=64 << 20,
+                fetch_latency_us=5,
+                fetch_bandwidth_mbps=800_000,
+                params=s.params(),
+                body=s.encode(),
+            )
+            adv = wire.Advertisement.build(
+                wire.Version(1),
+                wire.Origin(7, 1 + i % sites, ipaddress.IPv4Address(0x0A000000 + i + 1)),
+                wire.Sequence(1, 1),
+                wire.Timestamp(1),
+                wire.CacheModel("bench", BLOCK, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
+                wire.CacheSummaries((entry,)),
+            )
+            rib.accept(adv, now_ms=1)
     return rib, Network(links)
 
 

@@ -175,3 +175,56 @@ def test_index_follows_summary_changes():
     rib.accept(advert("10.0.1.1", 1, [entry(KEYS, version=1)], seq=2, ts=1002), now_ms=1002)
     d = sel.decide(req, 1002)
     assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 16
+
+
+def test_advertised_backlog_drains_at_the_prefill_rate():
+    """10,000 tokens advertised at t=1000 at 10,000 tok/s: 1 s of work, half left at 1500."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, backlog=10_000, ts=1000), now_ms=1000)
+    sel = PathSelector(rib, two_sites())
+    req = Request(7, KEYS, TOKENS, "ingress")
+    assert sel.decide(req, 1000).chosen.queue_ms == pytest.approx(1000)
+    sel = PathSelector(rib, two_sites())
+    assert sel.decide(req, 1500).chosen.queue_ms == pytest.approx(500)
+    sel = PathSelector(rib, two_sites())
+    assert sel.decide(req, 2500).chosen.queue_ms == 0
+
+
+def test_same_millisecond_advertisements_are_ordered_by_sequence():
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, backlog=0, ts=1000, seq=1), now_ms=1000)
+    res = rib.accept(advert("10.0.1.1", 1, backlog=5000, ts=1000, seq=2), now_ms=1000)
+    assert res.metrics_updated and res.instance.backlog_tokens == 5000
+    old = rib.accept(advert("10.0.1.1", 1, backlog=1, ts=1000, seq=1), now_ms=1000)
+    assert not old.metrics_updated and old.instance.backlog_tokens == 5000
+
+
+def test_spread_picks_among_near_equal_candidates_only():
+    """Eight idle, identical instances at one site: exact argmin always takes the first
+    slot; with a margin, choices spread; a clearly better candidate still always wins."""
+    net = Network([Link("ingress", "site1", 5, 10_000), Link("ingress", "site2", 50, 10_000)])
+    rib = RIB()
+    for i in range(8):
+        rib.accept(advert(f"10.0.1.{i + 1}", 1), now_ms=1000)
+    small = Request(7, KEYS[:1], 16, "ingress")  # 1.6 ms of prefill
+    # Fresh selectors (say, one per ingress) with the same stale view: exact argmin
+    # makes every one of them send its first request to the same instance ...
+    firsts = {str(PathSelector(rib, net).decide(small, 1000).chosen.address) for _ in range(8)}
+    assert firsts == {"10.0.1.1"}
+    # ... the power of two choices among near-equal ones spreads them.
+    firsts = {
+        str(
+            PathSelector(rib, net, SelectorConfig(spread_ms=5.0, seed=s))
+            .decide(small, 1000)
+            .chosen.address
+        )
+        for s in range(8)
+    }
+    assert len(firsts) >= 4
+    far = SelectorConfig(spread_ms=5.0, seed=3)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)]), now_ms=1000)  # holds the whole prompt
+    sel = PathSelector(rib, net, far)
+    assert all(
+        str(sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen.address) == "10.0.2.1"
+        for _ in range(3)
+    )

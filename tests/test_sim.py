@@ -177,6 +177,7 @@ def test_catsproto_exact_zero_delay_equals_oracle_on_trace(speedup):
             f"speedup={speedup}",
             "selector_site=B",
             "decision_rtt=false",
+            "selector_spread_ms=0",
         ],
     )
     sc = Scenario.from_mapping(raw)

@@ -181,6 +181,7 @@ class AdvertisementBuilder:
         self._last_shards: dict[tuple[Tier, int], ShardUpdate] = {}
         self._advertised_keys = 0
         self._last_metrics: CatsMetrics | None = None
+        self._advertised_wait: tuple[int, float] | None = None  # (when, queue wait ms)
 
     # ---- the API ---------------------------------------------------------------------
 
@@ -195,13 +196,14 @@ class AdvertisementBuilder:
             self.cache.pending_changes(),
             self._advertised_keys,
             self._score_delta(metrics),
+            wait_error_ms=self._wait_error(now_ms, state),
             force=force,
         )
         if not decision.send:
             if decision.reason is Reason.SUPPRESSED:
                 self.stats.suppressed += 1
             return []
-        return self._build(now_ms, metrics, decision)
+        return self._build(now_ms, metrics, decision, state.wait_ms)
 
     def decide(self, now_ms: int, state: ComputeState) -> Decision:
         """What `poll` would decide now, without building anything."""
@@ -211,6 +213,7 @@ class AdvertisementBuilder:
             self.cache.pending_changes(),
             self._advertised_keys,
             self._score_delta(metrics),
+            wait_error_ms=self._wait_error(now_ms, state),
         )
 
     def routes(self) -> list[IPNetwork]:
@@ -230,6 +233,14 @@ class AdvertisementBuilder:
         pairs = zip(metrics.l1.scores, last.l1.scores, strict=True)
         deltas += [abs(a.score - b.score) for a, b in pairs]
         return max(deltas)
+
+    def _wait_error(self, now_ms: int, state: ComputeState) -> float:
+        """Queue wait now minus what receivers predict from the last advertisement: its
+        wait, drained at the prefill rate since (see catsproto.selector)."""
+        if self._advertised_wait is None:
+            return 0.0
+        at, wait = self._advertised_wait
+        return state.wait_ms - max(0.0, wait - (now_ms - at))
 
     def _next_sequence(self) -> Sequence:
         self.sequence += 1
@@ -296,7 +307,7 @@ class AdvertisementBuilder:
         return Advertisement.build(*tlvs, self._next_sequence(), Timestamp(now_ms))
 
     def _build(
-        self, now_ms: int, metrics: CatsMetrics, decision: Decision
+        self, now_ms: int, metrics: CatsMetrics, decision: Decision, wait_ms: float
     ) -> list[RouteAdvertisement]:
         full = decision.reason in (Reason.INITIAL, Reason.REFRESH, Reason.FORCED)
         main_tlvs = self._main_tlvs(metrics)
@@ -342,6 +353,7 @@ class AdvertisementBuilder:
         self.cache.mark_advertised()
         self._advertised_keys = self.cache.used_blocks()
         self._last_metrics = metrics
+        self._advertised_wait = (now_ms, wait_ms)
         self.stats.updates += 1
         self.stats.advertisements += len(out)
         self.stats.by_reason[decision.reason.value] = (

@@ -9,8 +9,12 @@ all in simulated milliseconds passed in by the caller:
   receiver's freshness check (timestamp) keeps passing and a lost update heals.
 * ``change_threshold`` — between the two, an update goes out early only when the change
   is large enough: the net keys added or removed since the last advertisement, as a
-  fraction of the keys it advertised (at least ``min_changed_keys``), or an L1/L2 score
-  moved by ``score_threshold`` points or more. Smaller changes wait for the refresh.
+  fraction of the keys it advertised (at least ``min_changed_keys``), an L1/L2 score
+  moved by ``score_threshold`` points or more, or the queue wait off by
+  ``wait_threshold_ms`` or more from what receivers predict (the advertised wait,
+  drained at the prefill rate since: the selector's own model). Smaller changes wait
+  for the refresh. Scores saturate (a 1 s and a 5 s queue both score 0); the wait
+  trigger is what keeps selectors from piling onto an instance that looks idle.
 
 `Dampener.decide` returns a `Decision` with the reason, which also says when a wanted
 update was held back by the minimum interval (counted as suppressed).
@@ -31,6 +35,7 @@ class DampeningPolicy:
     change_threshold: float = 0.05
     min_changed_keys: int = 1
     score_threshold: int = 1
+    wait_threshold_ms: float = 100.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_interval_ms <= self.max_interval_ms:
@@ -76,10 +81,12 @@ class Dampener:
         self.policy = policy
         self.last_sent_ms: int | None = None
 
-    def wanted(self, changed_keys: int, advertised_keys: int, score_delta: int) -> bool:
+    def wanted(
+        self, changed_keys: int, advertised_keys: int, score_delta: int, wait_error_ms: float = 0.0
+    ) -> bool:
         """Is this change large enough for an early update?"""
         p = self.policy
-        if abs(score_delta) >= p.score_threshold:
+        if abs(score_delta) >= p.score_threshold or abs(wait_error_ms) >= p.wait_threshold_ms:
             return True
         if changed_keys < p.min_changed_keys:
             return False
@@ -92,6 +99,7 @@ class Dampener:
         advertised_keys: int,
         score_delta: int,
         *,
+        wait_error_ms: float = 0.0,
         force: bool = False,
     ) -> Decision:
         p = self.policy
@@ -102,9 +110,9 @@ class Dampener:
             reason = Reason.FORCED
         elif now_ms - last >= p.max_interval_ms:
             reason = Reason.REFRESH
-        elif not changed_keys and not score_delta:
+        elif not changed_keys and not score_delta and not wait_error_ms:
             reason = Reason.IDLE
-        elif not self.wanted(changed_keys, advertised_keys, score_delta):
+        elif not self.wanted(changed_keys, advertised_keys, score_delta, wait_error_ms):
             reason = Reason.BELOW_THRESHOLD
         elif now_ms - last < p.min_interval_ms:
             reason = Reason.SUPPRESSED

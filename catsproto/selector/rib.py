@@ -68,6 +68,7 @@ class Instance:
     site_id: int
     epoch_seq: tuple[int, int] = (0, 0)
     metrics_ms: int = -1  # timestamp of the advertisement the metrics came from
+    metrics_seq: tuple[int, int] = (0, 0)  # and its (epoch, sequence)
     heard_ms: int = 0  # when the RIB last accepted anything from it
     block_size: int = 0
     model_id: str = ""
@@ -136,6 +137,7 @@ class ServiceTable:
         self.slot_generation = grow(getattr(self, "slot_generation", None), np.int64, 0)
         self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
         self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
+        self.metrics_version = grow(getattr(self, "metrics_version", None), np.int64, 0)
 
     def slot_for(self, address: IPAddress, site_id: int) -> Instance:
         inst = self.by_address.get(address)
@@ -242,9 +244,11 @@ class RIB:
 
     def _metrics(self, table: ServiceTable, inst: Instance, adv: Advertisement) -> bool:
         l0 = adv.metrics_l0
-        if l0 is None or adv.timestamp_ms <= inst.metrics_ms:
+        seq = (adv.sequence.epoch, adv.sequence.sequence)
+        # Newer by timestamp; two in the same millisecond are ordered by sequence.
+        if l0 is None or (adv.timestamp_ms, seq) <= (inst.metrics_ms, inst.metrics_seq):
             return False
-        inst.metrics_ms = adv.timestamp_ms
+        inst.metrics_ms, inst.metrics_seq = adv.timestamp_ms, seq
         for m in l0.metrics:
             if m.metric_type == L0MetricType.PREFILL_THROUGHPUT and m.value > 0:
                 inst.prefill_tps = m.value
@@ -255,6 +259,7 @@ class RIB:
         table.prefill_tps[inst.slot] = inst.prefill_tps
         table.backlog_tokens[inst.slot] = inst.backlog_tokens
         table.metrics_ms[inst.slot] = inst.metrics_ms
+        table.metrics_version[inst.slot] += 1
         return True
 
     def withdraw(self, address: IPAddress, cs_id: int | None = None) -> int:

@@ -7,10 +7,13 @@ live instance gets an estimate, in milliseconds:
 
 - path RTT and upload come from the network graph between the ingress and the
   instance's site (delay × 2; prompt bytes ÷ bottleneck bandwidth);
-- queue wait is (advertised outstanding prefill tokens + tokens this selector has sent
-  there since that advertisement) ÷ advertised prefill rate. Counting our own recent
-  decisions is what keeps a hot prefix from herding every request onto its holder
-  before the holder's next advertisement says it is busy (bounded, deterministic);
+- queue wait is (advertised outstanding prefill tokens, less what the instance has
+  prefilled since the advertisement's timestamp at its advertised rate, + tokens this
+  selector has sent there since, times the number of peer selectors assumed to steer
+  as much onto it) ÷ advertised prefill rate. Counting our own recent
+  decisions keeps a hot prefix from herding every request onto its holder before the
+  holder's next advertisement says it is busy; draining the advertised backlog keeps a
+  once-busy instance from looking busy for a whole update interval;
 - the cached prefix is the longest run of the request's keys in the instance's
   summaries; a run of k hits under a filter with false-positive rate p is worth
   k − p/(1−p) blocks in expectation (the tail of a run may be false positives), and a
@@ -22,8 +25,11 @@ live instance gets an estimate, in milliseconds:
   and source tier. Whichever is cheaper is that instance's estimate.
 
 Scores are computed for all instances at once on the service table's arrays; only
-instances holding part of the prefix get individual work. The decision carries every
-term for the chosen instance and the runner-up. Pure: `now_ms` comes in.
+instances holding part of the prefix get individual work. With `spread_ms` > 0 the
+choice among candidates within that margin of the best is the better of two picked by
+a seeded hash (power of two choices): several selectors that see the same stale load
+then stop sending their requests to the same instance. The decision carries every term
+for the chosen instance and the runner-up. Pure: `now_ms` and the seed come in.
 """
 
 from __future__ import annotations
@@ -124,6 +130,11 @@ class SelectorConfig:
     stale_confidence: float = 0.5
     allow_remote_kv: bool = True
     default_block_size: int = 512
+    spread_ms: float = 0.0  # near-equal margin for the power-of-two choice; 0: exact argmin
+    # Selectors steering onto the same instances (one per ingress, say). Each assumes the
+    # others sent as much work as it did since an instance's last advertisement.
+    peer_selectors: int = 1
+    seed: int = 0  # distinct per selector, so selectors spread differently
 
     def node_of(self, site_id: int) -> str:
         return self.site_nodes.get(site_id, f"site{site_id}")
@@ -138,7 +149,7 @@ class _Pending:
     """Prefill tokens this selector sent to each slot, not yet in its advertised load."""
 
     tokens: np.ndarray
-    seen_metrics_ms: np.ndarray
+    seen_version: np.ndarray
     log: list[deque[tuple[int, float]]]
 
 
@@ -157,6 +168,14 @@ def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
     return total
 
 
+def _mix64(x: int) -> int:
+    """SplitMix64 finaliser: a well-spread 64-bit hash of an integer."""
+    x &= 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 def _transfer_ms(nbytes: float, mbps: float) -> float:
     return 0.0 if mbps == INF or nbytes == 0 else nbytes * 8 / (mbps * 1000)
 
@@ -169,6 +188,7 @@ class PathSelector:
         self._index: dict[int, KeyIndex] = {}
         self._pending: dict[int, _Pending] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
+        self._draws = 0
         self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
 
     # ---- helpers -----------------------------------------------------------------------
@@ -208,14 +228,14 @@ class PathSelector:
             )
             if old is not None:
                 m = len(old.tokens)
-                pend.tokens[:m], pend.seen_metrics_ms[:m], pend.log[:m] = (
+                pend.tokens[:m], pend.seen_version[:m], pend.log[:m] = (
                     old.tokens,
-                    old.seen_metrics_ms,
+                    old.seen_version,
                     old.log,
                 )
             self._pending[table.cs_id] = pend
         # An advertisement newer than a decision already counts that decision's work.
-        for slot in np.nonzero(table.metrics_ms[:n] != pend.seen_metrics_ms)[0].tolist():
+        for slot in np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0].tolist():
             log = pend.log[slot]
             while log and log[0][0] <= table.metrics_ms[slot]:
                 pend.tokens[slot] -= log.popleft()[1]
@@ -224,7 +244,7 @@ class PathSelector:
             if not table.alive[slot]:
                 log.clear()
                 pend.tokens[slot] = 0.0
-            pend.seen_metrics_ms[slot] = table.metrics_ms[slot]
+            pend.seen_version[slot] = table.metrics_version[slot]
         return pend.tokens
 
     # ---- the decision ------------------------------------------------------------------
@@ -244,7 +264,9 @@ class PathSelector:
         tps = table.prefill_tps[slots]
         rtt = 2 * delay
         upload = request.prompt_tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
-        queue = (table.backlog_tokens[slots] + pending[slots]) / tps * 1000
+        age_s = np.maximum(0, now_ms - table.metrics_ms[slots]) / 1000
+        drained = np.maximum(0.0, table.backlog_tokens[slots] - age_s * tps)
+        queue = (drained + cfg.peer_selectors * pending[slots]) / tps * 1000
         prefill_full = request.prompt_tokens / tps * 1000
         base = rtt + upload + queue
         total = base + prefill_full
@@ -291,6 +313,12 @@ class PathSelector:
                 table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot
             )
         order = np.argsort(total, kind="stable")[:2]
+        if (
+            cfg.spread_ms > 0
+            and len(order) > 1
+            and total[order[1]] <= total[order[0]] + cfg.spread_ms
+        ):
+            order = self._spread(total, cfg.spread_ms)
         best = self._estimate(
             table,
             slots,
@@ -330,6 +358,18 @@ class PathSelector:
         pending[chosen_slot] += tokens
         self._pending[table.cs_id].log[chosen_slot].append((now_ms, tokens))
         return Decision(best, runner, len(slots))
+
+    def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
+        """Power of two choices among the candidates within `margin` ms of the best."""
+        near = np.nonzero(total <= total.min() + margin)[0]
+        self._draws += 1
+        h = _mix64(self.config.seed * 0x9E3779B97F4A7C15 + self._draws)
+        a, b = near[h % len(near)], near[(h >> 32) % len(near)]
+        first, second = (a, b) if total[a] <= total[b] else (b, a)
+        if first == second:
+            rest = np.argsort(total, kind="stable")
+            second = next(int(i) for i in rest if i != first)
+        return np.array([first, second])
 
     def _consider_remote(
         self, table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot

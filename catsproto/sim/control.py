@@ -160,6 +160,9 @@ class ControlPlane:
                     request_bytes_per_token=sc.request_bytes_per_token,
                     allow_remote_kv=sc.remote_kv,
                     default_block_size=sc.block_tokens,
+                    spread_ms=sc.selector_spread_ms,
+                    peer_selectors=k if sc.selector_peers else 1,
+                    seed=sc.seed * 1000 + x,
                 ),
             )
             for x in range(k)

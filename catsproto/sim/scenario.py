@@ -72,6 +72,8 @@ class Scenario:
     max_message_bytes: int
     hot_prefixes: int
     request_bytes_per_token: float  # upload term of the selector; 0 leaves it out
+    selector_spread_ms: float  # selector's near-equal margin (power of two choices); 0: off
+    selector_peers: bool  # each C-PS counts its own recent decisions once per C-PS
     seed: int
     secret: bytes
     model_id: str
@@ -131,6 +133,8 @@ class Scenario:
                 max_message_bytes=int(d.get("max_message_bytes", 4096)),
                 hot_prefixes=int(d.get("hot_prefixes", 0)),
                 request_bytes_per_token=float(d.get("request_bytes_per_token", 0.0)),
+                selector_spread_ms=float(d.get("selector_spread_ms", 0.0)),
+                selector_peers=bool(d.get("selector_peers", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -217,6 +221,8 @@ class Scenario:
             "max_message_bytes": self.max_message_bytes,
             "hot_prefixes": self.hot_prefixes,
             "request_bytes_per_token": self.request_bytes_per_token,
+            "selector_spread_ms": self.selector_spread_ms,
+            "selector_peers": self.selector_peers,
             "seed": self.seed,
             "model_id": self.model_id,
         }
