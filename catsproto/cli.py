@@ -57,6 +57,21 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Part 1: the codec on the example advertisements. Part 2: the 4-site lab, with
+    signed advertisements crossing FRR and BIRD into the path selector's RIB."""
+    status = codec_demo()
+    if args.codec_only or status:
+        return status
+    from catsproto.commands import lab
+
+    print("\n" + "=" * 78 + "\n")
+    lab_args = build_parser().parse_args(
+        ["lab", "demo", *(["--embedded"] if args.embedded else [])]
+    )
+    return lab.cmd_demo(lab_args)
+
+
+def codec_demo() -> int:
     print("catsproto codec demo: build -> encode -> decode the example advertisements\n")
     rows = []
     for ex in examples():
@@ -95,7 +110,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     sample = examples()[1].advertisement
     print(f"\n{examples()[1].name} as JSON (`catsproto decode` prints this):")
-    print(json.dumps(sample.to_json(), indent=1))
+    print(json.dumps(sample.to_json()))
     value = wire.encode(sample)
     flipped = bytearray(value)
     flipped[-1] ^= 0x01  # the last byte of the L2 score
@@ -178,7 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_encode)
 
-    p = sub.add_parser("demo", help="the end-to-end demo (so far: the codec at work)")
+    p = sub.add_parser(
+        "demo",
+        help="the end-to-end demo: the codec, then the 4-site BGP lab and the path selector",
+        description="Show the codec on the example advertisements, then bring up the "
+        "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
+        "otherwise), watch signed advertisements arrive, ask the path selector where "
+        "each site's cached conversation should go, and tear everything down.",
+    )
+    p.add_argument("--codec-only", action="store_true", help="only the codec part")
+    p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("vectors", help="write (or --check) the codec's test vector file")

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from catsproto.commands import UsageError
 
@@ -196,11 +197,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(view.table(later, view.ORIGIN_HEADER))
         accepted = sum(e["kind"] == "accept" for e in lab.events(receiver))
         print(f"\n{accepted} advertisements accepted at {receiver}")
+        _print_steering(lab, receiver)
     finally:
         t = time.monotonic()
         runner.down(lab.run_dir)  # processes, namespaces, and the run directory
         print(f"lab down in {time.monotonic() - t:.2f}s")
     return 0 if rows else 1
+
+
+def _print_steering(lab: Any, receiver: str) -> None:
+    """The path selector at the receiver, fed by what BGP delivered: where each site's
+    cached conversation goes from here, and why."""
+    from catsproto.lab import steering
+
+    now_ms = time.time_ns() // 1_000_000
+    try:
+        decisions = steering.decide_demo(lab.topology, lab.rib(receiver), receiver, now_ms)
+    except LookupError as exc:
+        print(f"\nno steering decision possible: {exc}")
+        return
+    print(
+        f"\npath selector at {receiver}, fed by BGP: where a conversation cached at site N "
+        "goes (estimated TTFT)"
+    )
+    rows = [
+        [
+            "conversation",
+            "cache-aware choice",
+            "cached",
+            "ttft ms",
+            "path",
+            "network-only choice",
+            "ttft ms",
+        ]
+    ]
+    for site, aware, blind in decisions:
+        c, b = aware.chosen, blind.chosen
+        rows.append(
+            [
+                f"site {site}",
+                f"{c.address} (site {c.site_id})",
+                str(c.cached_blocks),
+                f"{c.total_ms:.0f}",
+                " > ".join(c.path),
+                f"{b.address} (site {b.site_id})",
+                f"{b.total_ms:.0f}",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\nwhy, for the farthest site:\n" + decisions[-1][1].explain())
 
 
 def cmd_node(args: argparse.Namespace) -> int:

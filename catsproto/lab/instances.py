@@ -25,12 +25,29 @@ import numpy as np
 
 from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
+from catsproto.keys import BlockKeyer
 from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.summary import attribute_value_budget, build_shards, shard_prefix
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BLOCK_TOKENS = 512
 PATH_MARGIN_HOPS = 8  # AS_PATH room for this many ASes on the way to the selector
+# Lab-only keying secret for block keys (public on purpose: anyone can run the demo).
+DEMO_SECRET = b"catsproto-lab-demo-secret-000001"
+DEMO_PROMPT_BLOCKS = 24
+
+
+def demo_prompt(site_id: int, blocks: int = DEMO_PROMPT_BLOCKS) -> list[int]:
+    """Token ids of the conversation the first instance of `site_id` has cached."""
+    rng = np.random.default_rng(10_000 + site_id)
+    return rng.integers(0, 128_000, size=blocks * BLOCK_TOKENS).tolist()
+
+
+def demo_prefix_keys(site_id: int) -> np.ndarray:
+    """Block keys of `demo_prompt(site_id)`, as an instance and a selector derive them."""
+    keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
+    return np.array(keyer.block_keys(demo_prompt(site_id)), dtype=np.uint64)
+
 
 Prefix = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -105,9 +122,11 @@ class ModelledInstance:
         seed: int,
         blocks: int = 2000,
         signer: security.SigningKey | None = None,
+        pinned: np.ndarray | None = None,
     ) -> None:
         self.spec = spec
         self.signer = signer
+        self.pinned = np.zeros(0, dtype=np.uint64) if pinned is None else pinned
         self.rng = np.random.default_rng(seed)
         self.keys = self.rng.integers(0, 2**63, size=blocks, dtype=np.uint64) * np.uint64(2)
         self.sequence = 0
@@ -121,7 +140,7 @@ class ModelledInstance:
     def routes(self, now_ms: int, max_message: int) -> dict[Prefix, bytes]:
         return instance_routes(
             self.spec,
-            self.keys,
+            np.concatenate([self.keys, self.pinned]),
             sequence=self.sequence,
             now_ms=now_ms,
             max_message=max_message,
@@ -183,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
     instances = [
-        ModelledInstance(spec, seed=i + 1, signer=lab_key(topology, spec.name))
+        ModelledInstance(
+            spec,
+            seed=spec.site_id * 100 + i + 1,
+            signer=lab_key(topology, spec.name),
+            # the first instance of each site holds that site's demo conversation
+            pinned=demo_prefix_keys(spec.site_id) if i == 0 else None,
+        )
         for i, spec in enumerate(node.instances)
     ]
     published: dict[str, set[Prefix]] = {i.spec.name: set() for i in instances}

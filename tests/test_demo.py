@@ -1,0 +1,37 @@
+"""The README's main command, as a user runs it: codec, 4-site lab, path selector."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.geteuid() == 0
+if not ROOT and os.environ.get("CI") != "true":
+    pytest.skip(
+        "the lab demo needs root for namespaces (CI runs it as root)", allow_module_level=True
+    )
+
+
+def test_demo_steers_each_conversation_to_the_site_that_caches_it():
+    out = subprocess.run(
+        [sys.executable, "-m", "catsproto", "demo"], capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert text.count(" exact") >= 5  # the codec part
+    rows = re.findall(
+        r"^\s+site (\d)\s+(\S+) \(site (\d)\)\s+(\d+)\s+(\d+)\s+.*?(\S+) \(site (\d)\)\s+(\d+)$",
+        text,
+        re.MULTILINE,
+    )
+    assert len(rows) == 4, text[-3000:]
+    for site, _addr, chosen_site, cached, ttft, _blind, blind_site, blind_ttft in rows:
+        assert chosen_site == site and int(cached) == 24  # cache-aware: where it is cached
+        assert blind_site == "1"  # network-only CATS: the nearest site, nothing cached
+        assert int(ttft) < int(blind_ttft) / 10
+    assert "c3(frr) > b4(bird)" in text  # site 4's advertisements crossed BIRD and FRR
+    assert "lab down" in text
