@@ -131,18 +131,25 @@ def codec_demo() -> int:
 
 
 def cmd_vectors(args: argparse.Namespace) -> int:
+    from catsproto.security.vectors import security_vectors
     from catsproto.vectors import wire_vectors
 
-    text = json.dumps(wire_vectors(), indent=2) + "\n"
-    path = Path(args.path)
+    folder = Path(args.dir)
+    stale = []
+    for name, make in (("wire.json", wire_vectors), ("security.json", security_vectors)):
+        path = folder / name
+        text = json.dumps(make(), indent=2) + "\n"
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+            continue
+        path.write_text(text)
+        print(f"wrote {path}")
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run `catsproto vectors`", file=sys.stderr)
+        return 1
     if args.check:
-        if not path.exists() or path.read_text() != text:
-            print(f"{path} is out of date: run `catsproto vectors {path}`", file=sys.stderr)
-            return 1
-        print(f"{path} matches the code")
-        return 0
-    path.write_text(text)
-    print(f"wrote {path}")
+        print(f"the vector files in {folder} match the code")
     return 0
 
 
@@ -205,8 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("vectors", help="write (or --check) the codec's test vector file")
-    p.add_argument("path", nargs="?", default="tests/vectors/wire.json")
+    p = sub.add_parser(
+        "vectors", help="write (or --check) the codec's and security layer's test vectors"
+    )
+    p.add_argument("dir", nargs="?", default="tests/vectors", help="default tests/vectors")
     p.add_argument("--check", action="store_true", help="fail if the file differs from the code")
     p.set_defaults(func=cmd_vectors)
 

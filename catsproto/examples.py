@@ -46,6 +46,9 @@ from catsproto.wire import (
 
 T0_MS = 1_795_000_000_000  # 2026-11-18T09:46:40Z, a fixed instant for examples
 FULL_RANGE = (0, (1 << 64) - 1)
+# KV bytes of one 512-token block of Llama-3.1-8B in fp16: 32 layers x 8 KV heads x
+# 128 dims x 2 (K and V) x 2 bytes = 128 KiB per token, 64 MiB per block.
+LLAMA_8B_BYTES_PER_BLOCK = 32 * 8 * 128 * 2 * 2 * 512
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _summary(tier: Tier, kind: SummaryKind, body_len: int, latency_us: int, mbps
         key_lo=FULL_RANGE[0],
         key_hi=FULL_RANGE[1],
         entry_count=body_len,
-        bytes_per_block=64 * 1024 * 1024 // 512,
+        bytes_per_block=LLAMA_8B_BYTES_PER_BLOCK,
         fetch_latency_us=latency_us,
         fetch_bandwidth_mbps=mbps,
         params=b"",
