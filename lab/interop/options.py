@@ -1,0 +1,26 @@
+"""The interop matrix's defaults and command-line options, cheap to import (the CLI
+registers them on every start; the matrix itself loads the lab only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+SIZES: tuple[int, ...] = (0, 255, 256, 4044, 60_000)
+TRANSITS: tuple[str, ...] = ("frr", "bird", "gobgp")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transit", action="append", choices=TRANSITS,
+                   help="transit(s) to test (repeat; default all)")  # fmt: skip
+    p.add_argument("--extended", choices=["on", "off", "both"], default="both",
+                   help="RFC 8654 extended messages at the ExaBGP ends")  # fmt: skip
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=list(SIZES), help="payload sizes, comma-separated")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=3, help="labs run side by side (default 3)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds without a new arrival before a lab is judged")  # fmt: skip
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    p.add_argument("--markdown", metavar="FILE", help="write the markdown table to FILE")
+    p.add_argument("--update-doc", metavar="FILE",
+                   help="replace the table between the interop-matrix markers in FILE")  # fmt: skip
+    p.add_argument("--keep", action="store_true", help="keep run directories (captures)")
