@@ -56,7 +56,7 @@ from catsproto.lab import runner
 from catsproto.lab.topology import Endpoint, Link, Node, Topology
 from catsproto.wire.bgp import parse_update
 from lab.interop import gobgp
-from lab.interop.options import SIZES, TRANSITS, add_arguments
+from lab.interop.options import LIMIT_SIZES, SIZES, TRANSITS, add_arguments
 
 TYPE_CODE = wire.DEFAULT_ATTRIBUTE_TYPE
 SPEAKER_AS, TRANSIT_AS, RECEIVER_AS = 65001, 65010, 65002
@@ -295,7 +295,10 @@ def run_lab(
             time.sleep(0.05)
         seen, _ = _received(raw)
         judged_at = time.time()  # teardown withdraws everything: ignore the wire after this
-        speaker_log = (lab.node_dir("spk").parent / "spk.exabgp.log").read_text(errors="replace")
+        speaker_log = (lab.run_dir / "spk.exabgp.log").read_text(errors="replace")
+        transit_log = "".join(
+            f.read_text(errors="replace") for f in sorted(lab.run_dir.glob("t.*.log"))
+        )
     finally:
         lab.down()
     try:
@@ -303,6 +306,8 @@ def run_lab(
         for cell in cells.values():
             if cell.sendable and not cell.sent:
                 cell.note = _why_not_sent(cell, speaker_log, negotiated)
+            elif cell.sent and not cell.passed_on:
+                cell.note += f"; transit log: {_oversize_complaint(transit_log)}"
     finally:
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -321,6 +326,18 @@ def _why_not_sent(cell: Cell, speaker_log: str, negotiated: dict[str, bool]) -> 
             "session) though its API answered done"
         )
     return "not sent by ExaBGP"
+
+
+_COMPLAINT = re.compile(r"too long|too large|too big|exceed", re.IGNORECASE)
+_LOG_PREFIX = re.compile(r"^\S+ \S+ (?:BGP: )?(?:\[[^\]]*\]\s*)*")
+
+
+def _oversize_complaint(log: str) -> str:
+    """The transit's first log line about a message too large, or that it said nothing."""
+    for line in log.splitlines():
+        if _COMPLAINT.search(line):
+            return repr(_LOG_PREFIX.sub("", line).strip())
+    return "nothing"
 
 
 def _updates(
@@ -483,10 +500,18 @@ def _size(n: int) -> str:
 
 
 def markdown(runs: Sequence[LabRun]) -> str:
-    """The grid (transit × extended by payload size) and one detail row per cell."""
-    runs = sorted(runs, key=lambda r: (TRANSITS.index(r.transit) if r.transit in TRANSITS
-                                       else 99, not r.extended))  # fmt: skip
-    sizes = [c.size for c in runs[0].cells] if runs else []
+    """The grid (transit × extended by payload size), one detail row per cell, and the
+    limit probes (sizes outside `SIZES`) as one line per lab."""
+    ordered = sorted(runs, key=lambda r: (TRANSITS.index(r.transit) if r.transit in TRANSITS
+                                          else 99, not r.extended))  # fmt: skip
+    every = [c.size for c in ordered[0].cells] if ordered else []
+    sizes = [s for s in every if s in SIZES] or every
+    runs = [dataclasses.replace(r, cells=[c for c in r.cells if c.size in sizes]) for r in ordered]
+    probes = [
+        dataclasses.replace(r, cells=[c for c in r.cells if c.size not in sizes])
+        for r in ordered
+        if any(c.size not in sizes for c in r.cells)
+    ]
     head = "| transit | extended messages | " + " | ".join(f"{_size(s)} B" for s in sizes)
     lines = [head + " |", "|" + " --- |" * (2 + len(sizes))]
     for r in runs:
@@ -525,7 +550,25 @@ def markdown(runs: Sequence[LabRun]) -> str:
             f"- {TRANSIT_NAMES.get(r.transit, r.transit)}, extended "
             f"{'on' if r.extended else 'off'}: {hops} ({r.seconds:.1f} s)"
         )
+    if probes:
+        lines += ["", "Limit probes (value bytes; ✓ passed on unchanged, ✗ not):", ""]
+        for r in probes:
+            marks = ", ".join(
+                f"{_size(c.size)} {'✓' if c.delivered and c.unchanged else '✗'}"
+                for c in sorted(r.cells, key=lambda c: c.size)
+                if c.sendable and c.sent
+            )
+            lines.append(
+                f"- {TRANSIT_NAMES.get(r.transit, r.transit)}, extended "
+                f"{'on' if r.extended else 'off'}: {marks}"
+            )
     return "\n".join(lines) + "\n"
+
+
+def largest_passed(run: LabRun) -> int | None:
+    """The largest value size delivered unchanged in this lab."""
+    ok = [c.size for c in run.cells if c.delivered and c.unchanged]
+    return max(ok) if ok else None
 
 
 def to_json(runs: Sequence[LabRun], seconds: float, info: dict[str, str]) -> dict[str, Any]:
@@ -556,8 +599,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     start = time.monotonic()
     ext = {"on": (True,), "off": (False,), "both": (True, False)}[args.extended]
+    sizes = (
+        [*args.sizes, *(s for s in LIMIT_SIZES if s not in args.sizes)]
+        if args.limits
+        else args.sizes
+    )
     runs = run_matrix(
-        args.transit or TRANSITS, ext, args.sizes,
+        args.transit or TRANSITS, ext, sizes,
         jobs=args.jobs, settle=args.settle, keep=args.keep,
     )  # fmt: skip
     seconds = time.monotonic() - start

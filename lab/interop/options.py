@@ -7,20 +7,47 @@ import argparse
 
 SIZES: tuple[int, ...] = (0, 255, 256, 4044, 60_000)
 TRANSITS: tuple[str, ...] = ("frr", "bird", "gobgp")
+LIMIT_SIZES: tuple[int, ...] = (3040, 3041, 4039, 4040, 4041, 64479, 64480, 65478, 65479)
+"""Either side of each transit's largest value as measured (docs/interop.md), probed in
+the same labs with `--limits`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--transit", action="append", choices=TRANSITS,
-                   help="transit(s) to test (repeat; default all)")  # fmt: skip
-    p.add_argument("--extended", choices=["on", "off", "both"], default="both",
-                   help="RFC 8654 extended messages at the ExaBGP ends")  # fmt: skip
-    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
-                   default=list(SIZES), help="payload sizes, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--transit",
+        action="append",
+        choices=TRANSITS,
+        help="transit(s) to test (repeat; default all)",
+    )
+    p.add_argument(
+        "--extended",
+        choices=["on", "off", "both"],
+        default="both",
+        help="RFC 8654 extended messages at the ExaBGP ends",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=list(SIZES),
+        help="payload sizes, comma-separated",
+    )
+    p.add_argument(
+        "--limits",
+        action="store_true",
+        help=f"also probe the measured limits: {', '.join(map(str, LIMIT_SIZES))}",
+    )
     p.add_argument("--jobs", type=int, default=3, help="labs run side by side (default 3)")
-    p.add_argument("--settle", type=float, default=2.0,
-                   help="seconds without a new arrival before a lab is judged")  # fmt: skip
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds without a new arrival before a lab is judged",
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     p.add_argument("--markdown", metavar="FILE", help="write the markdown table to FILE")
-    p.add_argument("--update-doc", metavar="FILE",
-                   help="replace the table between the interop-matrix markers in FILE")  # fmt: skip
+    p.add_argument(
+        "--update-doc",
+        metavar="FILE",
+        help="replace the table between the interop-matrix markers in FILE",
+    )
     p.add_argument("--keep", action="store_true", help="keep run directories (captures)")
