@@ -356,6 +356,26 @@ class ChaosLab:
         return "; ".join(applied)
 
 
+def _drops(text: str) -> int:
+    words = text.replace(",", " ").split()
+    return sum(int(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "dropped")
+
+
+def qdisc_drops(lab: ChaosLab, a: str, b: str) -> int:
+    """Packets the root qdiscs of link a-b dropped so far (both ends)."""
+    total = 0
+    for end in lab.link_ends(a, b):
+        show = ["tc", "-s", "qdisc", "show", "dev", end.ifname]
+        out = subprocess.run(
+            ["ip", "netns", "exec", lab.lab.handle.ns(end.node), *show],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        total += _drops(out.stdout)
+    return total
+
+
 def netem_available(lab: ChaosLab) -> bool:
     """Whether this kernel has sch_netem (the runner records what shaping it applied)."""
     shaping = lab.lab.handle.state.info.get("shaping", {})
