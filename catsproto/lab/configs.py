@@ -5,6 +5,11 @@ follow (LAB-NOTES.md): FRR needs `no bgp ebgp-requires-policy` to pass anything 
 eBGP, advertisement-interval 0 so that the measured convergence is ours rather than
 FRR's MRAI; BIRD needs `enable extended messages on` to carry payloads over 4096 bytes;
 ExaBGP turns extended messages off with `capability { extended-message disable; }`.
+
+For the data plane (flows steered to instances, docs/steering.md): an ExaBGP node
+announces the subnet of every link it has to a plain host (a node without a
+catsproto.role, such as the ingress's client) so that replies find their way back, and
+BIRD exports its BGP routes to the kernel as FRR's zebra does.
 """
 
 from __future__ import annotations
@@ -21,6 +26,16 @@ EXABGP_ENV = {
     "exabgp_log_destination": "stdout",
     "exabgp_daemon_daemonize": "false",
 }
+
+
+def host_networks(topo: Topology, node: str) -> list[str]:
+    """Subnets of `node`'s links to plain hosts (nodes that run no BGP daemon of ours)."""
+    out = []
+    for link in topo.links:
+        for local, remote in ((link.a, link.b), (link.b, link.a)):
+            if local.node == node and remote.node not in topo.nodes and local.address:
+                out.append(str(local.address.network))
+    return out
 
 
 def exabgp_conf(
@@ -87,6 +102,10 @@ def exabgp_conf(
             body.append(f"connect {connect};")
         if not n.extended_message:
             body.append("capability { extended-message disable; }")
+        stubs = [] if embedded else host_networks(topo, node)
+        if stubs:
+            routes = " ".join(f"route {net} next-hop self;" for net in stubs)
+            body.append(f"static {{ {routes} }}")
         if n.announce:
             body.append(f"api speak{i} {{ processes [ announce ]; }}")
         if n.receive:
@@ -130,7 +149,13 @@ def frr_bgpd_conf(topo: Topology, node: str) -> str:
 
 def bird_conf(topo: Topology, node: str) -> str:
     n = topo.nodes[node]
-    out = [f"router id {topo.router_id(node)};", "log stderr all;", "protocol device { }", ""]
+    out = [
+        f"router id {topo.router_id(node)};",
+        "log stderr all;",
+        "protocol device { }",
+        "protocol kernel { ipv4 { export all; }; }",  # forward along what BGP chose
+        "",
+    ]
     for i, nb in enumerate(topo.neighbors(node)):
         out += [
             f"protocol bgp peer{i} {{",

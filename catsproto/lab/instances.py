@@ -1,4 +1,15 @@
-"""Modelled inference instances for the lab: a stand-in for the node's builder.
+"""Modelled inference instances for the lab: the real modelled instance, or a stand-in.
+
+With `--serve` (what `lab up` runs in namespaces) each instance behind the egress is the
+real modelled instance of `catsproto.adapters.instance` — FCFS engine with a tiered
+cache, its C-SMA (`NodeAgent`, vLLM KV events over ZMQ, `AdvertisementBuilder` with
+dampening) and its HTTP face on the instance's own address (on the egress's loopback,
+port `INSTANCE_PORT`) — and every route the builder emits is signed with the
+instance's lab key and written to the egress's spool (`ServedInstance`). The first
+instance of each site computes that site's demo conversation at start, so its cache
+really holds it; `--background-blocks` keeps a trickle of random prompts flowing so
+caches and load move. Without `--serve` (the loopback mode, some tests) the stand-in
+below publishes drifting random keys instead:
 
 `instance_routes` (pure) turns an instance's block keys into the routes it announces:
 its CSCI-ID /32 carries its metrics and capacity, and one host route per summary shard
@@ -6,9 +17,7 @@ its CSCI-ID /32 carries its metrics and capacity, and one host route per summary
 key range's cache summary, each shard sized by `catsproto.summary.build_shards` to fit
 one UPDATE with room for the AS_PATH to grow on the way. The process (`main`) lets a
 demo lab's instances gain and lose cached blocks every `--interval` seconds and
-publishes their routes into the egress's spool. When `catsproto.node` lands, its
-builder (with dampening) and `catsproto.security` signing replace this module's
-advertisement building; the spool interface stays.
+publishes their routes into the egress's spool.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ import ipaddress
 import json
 import signal
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +38,15 @@ from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.keys import BlockKeyer
 from catsproto.lab.topology import InstanceSpec, Topology, load
+from catsproto.node import (
+    BuilderConfig,
+    DampeningPolicy,
+    ModelShape,
+    RouteAdvertisement,
+    TierSpec,
+)
 from catsproto.summary import attribute_value_budget, build_shards, shard_prefix
+from catsproto.wire import Tier
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BLOCK_TOKENS = 512
@@ -35,6 +54,11 @@ PATH_MARGIN_HOPS = 8  # AS_PATH room for this many ASes on the way to the select
 # Lab-only keying secret for block keys (public on purpose: anyone can run the demo).
 DEMO_SECRET = b"catsproto-lab-demo-secret-000001"
 DEMO_PROMPT_BLOCKS = 24
+INSTANCE_PORT = 8100  # every served instance's HTTP port, on its own address
+# Llama-3.1-8B: 32 layers, 8 KV heads of 128, bf16: 64 MiB of KV per 512-token block
+LAB_SHAPE = ModelShape(32, 8, 128, 2, BLOCK_TOKENS)
+LAB_TIERS = (TierSpec(Tier.HBM, 256, 5, 1_600_000), TierSpec(Tier.DRAM, 2_048, 30, 400_000))
+LAB_PREFILL_TPS = 8_000.0
 
 
 def demo_prompt(site_id: int, blocks: int = DEMO_PROMPT_BLOCKS) -> list[int]:
@@ -190,6 +214,165 @@ def publish(spool: Spool, routes: dict[Prefix, bytes], previous: set[Prefix]) ->
     return set(routes)
 
 
+class ServedInstance:
+    """One real modelled instance: engine, C-SMA and HTTP on the instance's address;
+    every route its builder emits is signed for that route and spooled."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        spool: Spool,
+        signer: security.SigningKey,
+        *,
+        host: str | None = None,
+        port: int = INSTANCE_PORT,
+        time_scale: float = 1.0,
+        prefill_tps: float = LAB_PREFILL_TPS,
+        min_interval_ms: int = 1_000,
+        max_message: int = 4096,
+    ) -> None:
+        from catsproto.adapters.instance import (
+            EngineConfig,
+            InstanceServer,
+            ModelledEngine,
+            NodeAgent,
+        )
+        from catsproto.adapters.vllm_events import RankEndpoint
+
+        self.spec, self.spool, self.signer = spec, spool, signer
+        self.published: set[Prefix] = set()
+        self._lock = threading.Lock()
+        self.engine = ModelledEngine(
+            EngineConfig(
+                block_size=BLOCK_TOKENS,
+                prefill_rate_tps=prefill_tps,
+                time_scale=time_scale,
+                tiers=LAB_TIERS,
+            )
+        )
+        try:
+            self.node = NodeAgent(
+                BuilderConfig(
+                    cs_id=spec.cs_id,
+                    address=str(spec.address),
+                    model_id=MODEL,
+                    block_size=BLOCK_TOKENS,
+                    bytes_per_block=LAB_SHAPE.bytes_per_block,
+                    site_id=spec.site_id,
+                    max_message_bytes=max_message,
+                    as_path_hops=PATH_MARGIN_HOPS,
+                    shard_range=str(spec.shards),
+                    # every update a snapshot: the receiver's rib.json (latest value per
+                    # route) must stand alone for the selectors that read it
+                    snapshot_every=1,
+                    dampening=DampeningPolicy(
+                        min_interval_ms, max(min_interval_ms, 10_000), wait_threshold_ms=50.0
+                    ),
+                ),
+                LAB_TIERS,
+                BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS),
+                [
+                    RankEndpoint(
+                        0, self.engine.publisher.endpoint, self.engine.publisher.replay_endpoint
+                    )
+                ],
+                self.engine.compute_state,
+                on_routes=self._publish,
+                hits=self.engine.hits,
+            )
+            self.server = InstanceServer(self.engine, self.node, host or str(spec.address), port)
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def _publish(self, routes: list[RouteAdvertisement]) -> None:
+        with self._lock:
+            for r in routes:
+                adv = security.sign(r.advertisement, self.signer, r.prefix)
+                self.spool.publish(r.prefix, wire.encode(adv))
+                self.published.add(r.prefix)
+
+    def warm(self, tokens: list[int], timeout: float = 30.0) -> None:
+        """Serve `tokens` once (its cache then holds them) and let the C-SMA see it
+        before the first advertisement, so the first summary already names them."""
+        self.engine.submit({"prompt_token_ids": tokens}, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        want = sum(self.engine.state()["blocks"].values())
+        while time.monotonic() < deadline:
+            self.node.subscriber.poll(50)
+            if sum(self.node.cache.count(t) for t in self.node.cache.order) >= want:
+                return
+
+    def start(self) -> ServedInstance:
+        self.node.start()
+        self.server.start()
+        return self
+
+    def close(self) -> None:
+        self.server.close()  # closes the node and the engine too
+        with self._lock:
+            for prefix in self.published:
+                self.spool.withdraw(prefix)
+            self.published.clear()
+
+
+def serve(
+    topology: Topology,
+    node: str,
+    spool: Spool,
+    stop: threading.Event,
+    *,
+    interval: float,
+    max_message: int,
+    time_scale: float = 1.0,
+    background_blocks: int = 1,
+    port: int = INSTANCE_PORT,
+    ready: Path | None = None,
+) -> None:
+    """Run the node's instances until `stop` is set; the first one of each site serves
+    the site's demo conversation first. Background: `background_blocks` random blocks per
+    instance every `interval` seconds (0: none)."""
+    instances: list[ServedInstance] = []
+    try:
+        for spec in topology.nodes[node].instances:
+            instances.append(
+                ServedInstance(
+                    spec,
+                    spool,
+                    lab_key(topology, spec.name),
+                    port=port,
+                    time_scale=time_scale,
+                    min_interval_ms=int(interval * 1000),
+                    max_message=max_message,
+                )
+            )
+        warmers = [
+            threading.Thread(target=inst.warm, args=(demo_prompt(inst.spec.site_id),))
+            for inst in instances[:1]
+        ]
+        for w in warmers:
+            w.start()
+        for w in warmers:
+            w.join()
+        for inst in instances:
+            inst.start()
+        if ready is not None:
+            ready.write_text(json.dumps([inst.server.url for inst in instances]))
+        rng = np.random.default_rng(sum(i.spec.site_id for i in instances) + 7)
+        while not stop.wait(interval):
+            for inst in instances:
+                if background_blocks > 0:
+                    tokens = rng.integers(0, 128_000, size=background_blocks * BLOCK_TOKENS)
+                    threading.Thread(
+                        target=inst.engine.submit,
+                        args=({"prompt_token_ids": tokens.tolist()}, 60),
+                        daemon=True,
+                    ).start()
+    finally:
+        for inst in instances:
+            inst.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="modelled inference instances behind one egress")
     p.add_argument("--topology", required=True)
@@ -197,10 +380,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spool", required=True)
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--max-message", type=int, default=4096)
+    p.add_argument("--serve", action="store_true", help="real modelled instances (HTTP)")
+    p.add_argument("--port", type=int, default=INSTANCE_PORT)
+    p.add_argument("--time-scale", type=float, default=1.0, help="model s per wall s")
+    p.add_argument("--background-blocks", type=int, default=1)
+    p.add_argument("--ready", help="file written with the instances' URLs once serving")
     args = p.parse_args(argv)
     topology = load(args.topology)
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
+    if args.serve:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        serve(
+            topology,
+            args.node,
+            spool,
+            stop,
+            interval=args.interval,
+            max_message=args.max_message,
+            time_scale=args.time_scale,
+            background_blocks=args.background_blocks,
+            port=args.port,
+            ready=Path(args.ready) if args.ready else None,
+        )
+        return 0
     instances = [
         ModelledInstance(
             spec,

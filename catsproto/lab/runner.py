@@ -11,6 +11,13 @@ so `down` works from any later process.
 Per ExaBGP node the run directory holds `<node>/spool/` (write a route file there to
 announce: `exabgp_announce.Spool`) and `<node>/rib/` (`rib.json` and `events.jsonl`
 written by the receiver).
+
+The data plane follows BGP: every BGP node forwards (ip_forward), FRR and BIRD install
+what they learn, each instance's address sits on its egress's loopback, a plain host
+(a node without catsproto.role, e.g. `client`) gets a default route to its router, and
+an egress that only announces gets a default route to its transit (ExaBGP installs no
+routes). The receiving node — the ingress, where the path selector sits — gets no
+default: its steering forwarder installs one route per decision (docs/steering.md).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pyroute2 import NetNS
 
 from catsproto.adapters import netns
 from catsproto.adapters.exabgp_announce import Spool
@@ -57,6 +66,11 @@ class Lab:
     @property
     def tag(self) -> str:
         return self.handle.tag
+
+    @property
+    def hosts(self) -> list[str]:
+        """Plain hosts: link endpoints that run no BGP daemon of ours (e.g. `client`)."""
+        return host_nodes(self.topology)
 
     @property
     def run_dir(self) -> Path:
@@ -151,6 +165,43 @@ class Lab:
         self.handle.teardown()
 
 
+def host_nodes(topology: Topology) -> list[str]:
+    seen: dict[str, None] = {}
+    for link in topology.links:
+        for end in (link.a, link.b):
+            if end.node not in topology.nodes:
+                seen[end.node] = None
+    return list(seen)
+
+
+def _gateway(topology: Topology, node: str) -> str | None:
+    """The address of the other end of `node`'s first addressed link."""
+    for link in topology.links:
+        for local, remote in ((link.a, link.b), (link.b, link.a)):
+            if local.node == node and remote.address is not None:
+                return str(remote.address.ip)
+    return None
+
+
+def _dataplane(lab: Lab) -> None:
+    """Forwarding on, instance addresses on their egress, default routes (see above)."""
+    for name, node in lab.topology.nodes.items():
+        lab.handle.run(name, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        for spec in node.instances:
+            lab.handle.add_loopback_address(name, str(spec.csci))
+        if node.role == "exabgp" and not node.receive:
+            _default_route(lab, name)
+    for host in lab.hosts:
+        _default_route(lab, host)
+
+
+def _default_route(lab: Lab, node: str) -> None:
+    gateway = _gateway(lab.topology, node)
+    if gateway is not None:
+        with NetNS(lab.handle.ns(node)) as ns:
+            ns.route("replace", dst="0.0.0.0/0", gateway=gateway)
+
+
 def _start_frr(lab: Lab, node: str) -> None:
     pathspace = lab.frr_pathspace(node)
     conf_dir = FRR_RUN / pathspace
@@ -238,7 +289,7 @@ def up(
     lab = Lab(topology, handle, str(topology_path))
     try:
         handle.state.info["name"] = topology.name
-        for name in topology.nodes:
+        for name in [*topology.nodes, *host_nodes(topology)]:
             handle.add_node(name)
             lab.node_dir(name).mkdir(exist_ok=True)
         for link in topology.links:
@@ -248,6 +299,7 @@ def up(
                 delay_ms=link.delay_ms,
                 rate=link.rate,
             )
+        _dataplane(lab)
         # transits first, so the speakers' first connection attempts find them listening
         order = sorted(topology.nodes.values(), key=lambda n: n.role == "exabgp")
         for node in order:
@@ -262,7 +314,8 @@ def up(
 
 def start_feeders(lab: Lab, interval: float) -> None:
     """One modelled-instance process per egress with instances, writing its spool; the
-    receivers trust the instances' (deterministic, lab-only) keys."""
+    receivers trust the instances' (deterministic, lab-only) keys. In namespaces they
+    are real modelled instances serving HTTP, and the ingress runs the steering API."""
     from catsproto.lab.instances import write_lab_trust
 
     for name, node in lab.topology.nodes.items():
@@ -287,7 +340,13 @@ def start_feeders(lab: Lab, interval: float) -> None:
                 "--max-message",
                 "65535" if node.extended_message else "4096",
             ]
+            if lab.handle.namespaced:  # real instances on their own addresses
+                argv.append("--serve")
             lab.handle.start(name, "instances", argv)
+    if lab.handle.namespaced and lab.hosts:
+        from catsproto.lab.flows import start_steering
+
+        start_steering(lab)
 
 
 def attach(run_dir: str | Path) -> Lab:

@@ -1,0 +1,526 @@
+"""Steering at the ingress: a request API, the path selector, and a pyroute2 forwarder.
+
+Strategy. An L7 gateway or a client asks the ingress where a request should go:
+
+    POST /decide    {"cs_id": 100, "prompt_token_ids": [...]}
+                    or {"cs_id": 100, "block_keys": [int | "hex", ...], "prompt_tokens": n}
+                    -> {"instance", "url", "site", "path", "route", "chosen", "runner_up",
+                        "explanation", "decision_ms", "install_ms", ...}
+    POST /generate  the same body with prompt_token_ids (or hash_ids + input_length):
+                    decide, install, then proxy it to the chosen instance's /generate and
+                    answer with the instance's reply plus the decision ("steering")
+    GET  /flows     the routes this forwarder installed
+    GET  /rib       the instances the selector knows (address, site, blocks, freshness)
+    GET  /health
+
+Three small parts, each testable alone:
+
+* `RibFeed` keeps a `selector.RIB` in step with the receiver's ``rib.json`` (what the
+  ingress's ExaBGP receive process accepted and verified): re-read when the file changes,
+  only changed route values are accepted again, an origin whose routes all vanished is
+  withdrawn;
+* `PathSelector.decide` (the pure C-PS) picks instance, path and KV source;
+* `Forwarder` installs the decision in the ingress's routing table with pyroute2: a host
+  route to the chosen instance via the neighbour on the chosen path (protocol
+  `ROUTE_PROTO`, with the client-facing address as preferred source so replies to a
+  proxied request come back to an address BGP knows). Without that route the ingress
+  has no way to the instance at all, so the packets of the flow take the chosen path or
+  none. An instance at the ingress's own site needs no route.
+
+The service takes its whole world from a `SteeringConfig` (JSON): no topology parsing
+here; `catsproto.lab.flows` writes the file for the lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import ipaddress
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from catsproto import wire
+from catsproto.keys import BlockKeyer
+from catsproto.selector import (
+    RIB,
+    Decision,
+    Link,
+    Network,
+    NoInstanceError,
+    PathSelector,
+    Request,
+    SelectorConfig,
+)
+
+ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
+DEFAULT_PORT = 8080
+
+
+class SteeringError(ValueError):
+    """A request the steering API cannot serve (the message says which field)."""
+
+
+@dataclass(frozen=True)
+class SteeringConfig:
+    """What the ingress knows: graph, sites, next hops, keying, where the RIB is."""
+
+    ingress: str
+    rib_file: str
+    links: tuple[Link, ...]
+    sites: dict[int, str]  # site id -> the graph node of its egress
+    next_hops: dict[str, str]  # neighbour of the ingress -> its address on the shared link
+    secret: bytes
+    model_id: str
+    block_size: int
+    source: str | None = None  # preferred source of installed routes
+    instance_port: int = 8100
+    netns: str | None = None  # install routes in this namespace (None: the current one)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ingress": self.ingress,
+            "rib_file": self.rib_file,
+            "links": [[k.a, k.b, k.delay_ms, k.bandwidth_mbps] for k in self.links],
+            "sites": {str(s): n for s, n in self.sites.items()},
+            "next_hops": dict(self.next_hops),
+            "secret": self.secret.hex(),
+            "model_id": self.model_id,
+            "block_size": self.block_size,
+            "source": self.source,
+            "instance_port": self.instance_port,
+            "netns": self.netns,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SteeringConfig:
+        return cls(
+            ingress=obj["ingress"],
+            rib_file=obj["rib_file"],
+            links=tuple(Link(a, b, float(d), float(bw)) for a, b, d, bw in obj["links"]),
+            sites={int(s): n for s, n in obj["sites"].items()},
+            next_hops=dict(obj["next_hops"]),
+            secret=bytes.fromhex(obj["secret"]),
+            model_id=obj["model_id"],
+            block_size=int(obj["block_size"]),
+            source=obj.get("source"),
+            instance_port=int(obj.get("instance_port", 8100)),
+            netns=obj.get("netns"),
+        )
+
+
+# ---- the RIB, from the receiver's file ----------------------------------------------
+
+
+class RibFeed:
+    """A selector RIB that follows the receiver's rib.json."""
+
+    def __init__(self, path: str | Path, rib: RIB | None = None) -> None:
+        self.path = Path(path)
+        self.rib = rib or RIB()
+        self._values: dict[tuple[str, str], str] = {}
+        self._origins: dict[str, int] = {}  # address -> CS-ID
+        self._stamp: tuple[int, int] | None = None
+        self.routes = 0
+
+    def refresh(self, now_ms: int) -> bool:
+        """Take in what changed since the last call; False if the file did not change."""
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return False
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return False  # not there yet, or caught mid-replace: next time
+        self._stamp = stamp
+        return self.apply(doc, now_ms)
+
+    def apply(self, doc: dict[str, Any], now_ms: int) -> bool:
+        current: dict[tuple[str, str], str] = {}
+        origins: dict[str, int] = {}
+        for route in doc.get("routes", []):
+            if route.get("verified") is False:
+                continue
+            key = (str(route.get("peer", "")), str(route["prefix"]))
+            current[key] = route["value"]
+            if self._values.get(key) != route["value"]:
+                try:
+                    adv = wire.decode(bytes.fromhex(route["value"]))
+                except (wire.CodecError, ValueError):
+                    continue
+                self.rib.accept(adv, now_ms)
+            if "origin" in route:
+                origins[route["origin"]] = int(route.get("cs_id", 0))
+        for address, cs_id in self._origins.items():
+            if address not in origins:
+                self.rib.withdraw(ipaddress.ip_address(address), cs_id)
+        self._values, self._origins, self.routes = current, origins, len(current)
+        return True
+
+
+# ---- the forwarder ------------------------------------------------------------------
+
+
+@dataclass
+class InstalledRoute:
+    address: str
+    gateway: str | None  # None: the instance is at the ingress's own site
+    path: tuple[str, ...]
+    installed_at: float
+    uses: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        text = (
+            f"{self.address}/32 via {self.gateway} proto {ROUTE_PROTO}"
+            if self.gateway
+            else f"{self.address}: local site, no route needed"
+        )
+        return {
+            "address": self.address,
+            "gateway": self.gateway,
+            "path": list(self.path),
+            "route": text,
+            "uses": self.uses,
+        }
+
+
+class Forwarder:
+    """Installs one host route per steered instance towards the chosen path's first hop."""
+
+    def __init__(
+        self,
+        next_hops: dict[str, str],
+        *,
+        source: str | None = None,
+        netns: str | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.next_hops = dict(next_hops)
+        self.source = source
+        self.netns = netns
+        self.dry_run = dry_run
+        self.installed: dict[str, InstalledRoute] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _ipr(self) -> Iterator[Any]:
+        from pyroute2 import IPRoute, NetNS
+
+        ipr = NetNS(self.netns) if self.netns else IPRoute()
+        try:
+            yield ipr
+        finally:
+            ipr.close()
+
+    def install(self, address: str, path: tuple[str, ...]) -> InstalledRoute:
+        """Route `address` along `path` (ingress first); idempotent for the same path."""
+        gateway = self.next_hops.get(path[1]) if len(path) > 1 else None
+        if len(path) > 1 and gateway is None:
+            raise SteeringError(f"no next hop towards {path[1]} from {path[0]}")
+        with self._lock:
+            old = self.installed.get(address)
+            if old is not None and old.gateway == gateway:
+                old.uses += 1
+                old.path = path
+                return old
+            if gateway is not None and not self.dry_run:
+                kwargs: dict[str, Any] = {"dst": f"{address}/32", "gateway": gateway}
+                if self.source:
+                    kwargs["prefsrc"] = self.source
+                with self._ipr() as ip:
+                    ip.route("replace", proto=ROUTE_PROTO, **kwargs)
+            route = InstalledRoute(address, gateway, path, time.time())
+            self.installed[address] = route
+            return route
+
+    def kernel_routes(self) -> list[str]:
+        """The routes of protocol ROUTE_PROTO in the table, as the kernel has them."""
+        with self._ipr() as ip:
+            out = []
+            for r in ip.get_routes(family=2, proto=ROUTE_PROTO):
+                dst = r.get_attr("RTA_DST")
+                gw = r.get_attr("RTA_GATEWAY")
+                out.append(f"{dst}/{r['dst_len']} via {gw}")
+            return out
+
+    def remove_all(self) -> None:
+        with self._lock:
+            if not self.dry_run:
+                with self._ipr() as ip:
+                    for route in self.installed.values():
+                        if route.gateway is not None:
+                            with contextlib.suppress(Exception):
+                                ip.route("del", dst=f"{route.address}/32", proto=ROUTE_PROTO)
+            self.installed.clear()
+
+
+# ---- the service --------------------------------------------------------------------
+
+
+def _block_keys(raw: Any) -> np.ndarray:
+    if not isinstance(raw, list):
+        raise SteeringError("block_keys must be a list of u64 (ints or hex strings)")
+    try:
+        keys = [int(k, 16) if isinstance(k, str) else int(k) for k in raw]
+    except (TypeError, ValueError):
+        raise SteeringError("block_keys must be a list of u64 (ints or hex strings)") from None
+    if not all(0 <= k < 1 << 64 for k in keys):
+        raise SteeringError("block_keys must be a list of u64 (ints or hex strings)")
+    return np.array(keys, dtype=np.uint64)
+
+
+@dataclass
+class SteeringService:
+    """Request in, decision out (and installed); thread-safe around the selector."""
+
+    config: SteeringConfig
+    forwarder: Forwarder
+    clock: Callable[[], float] = time.time
+    selector_config: SelectorConfig | None = None
+    feed: RibFeed = field(init=False)
+    selector: PathSelector = field(init=False)
+    decisions: int = 0
+
+    def __post_init__(self) -> None:
+        self.feed = RibFeed(self.config.rib_file)
+        cfg = self.selector_config or SelectorConfig(
+            site_nodes=self.config.sites, default_block_size=self.config.block_size
+        )
+        self.selector = PathSelector(self.feed.rib, Network(self.config.links), cfg)
+        self.keyer = BlockKeyer(self.config.secret, self.config.model_id, self.config.block_size)
+        self._lock = threading.Lock()
+
+    def request(self, body: dict[str, Any]) -> Request:
+        """The selector's request from an API body (CS-ID and block keys or token ids)."""
+        cs_id = body.get("cs_id")
+        if not isinstance(cs_id, int) or cs_id < 0:
+            raise SteeringError("cs_id must be a non-negative integer")
+        if "prompt_token_ids" in body:
+            tokens = body["prompt_token_ids"]
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and 0 <= t < 1 << 32 for t in tokens
+            ):
+                raise SteeringError("prompt_token_ids must be a list of u32 token ids")
+            keys = np.array(self.keyer.block_keys(tokens), dtype=np.uint64)
+            length = body.get("prompt_tokens", len(tokens))
+        elif "block_keys" in body:
+            keys = _block_keys(body["block_keys"])
+            length = body.get("prompt_tokens", len(keys) * self.config.block_size)
+        else:
+            raise SteeringError("give prompt_token_ids, or block_keys (and prompt_tokens)")
+        if not isinstance(length, int) or length < 0:
+            raise SteeringError("prompt_tokens must be a non-negative integer")
+        return Request(cs_id, keys, length, self.config.ingress)
+
+    def decide(self, body: dict[str, Any], *, install: bool = True) -> dict[str, Any]:
+        request = self.request(body)
+        started = time.perf_counter()
+        with self._lock:
+            now_ms = int(self.clock() * 1000)
+            self.feed.refresh(now_ms)
+            decision = self.selector.decide(request, now_ms)
+            self.decisions += 1
+        decided = time.perf_counter()
+        chosen = decision.chosen
+        route = self.forwarder.install(str(chosen.address), chosen.path) if install else None
+        done = time.perf_counter()
+        return self.answer(decision, route, decided - started, done - decided)
+
+    def answer(
+        self,
+        decision: Decision,
+        route: InstalledRoute | None,
+        decide_s: float,
+        install_s: float,
+    ) -> dict[str, Any]:
+        c = decision.chosen
+        return {
+            "instance": str(c.address),
+            "url": f"http://{c.address}:{self.config.instance_port}",
+            "site": c.site_id,
+            "path": list(c.path),
+            "kv_source": str(c.kv_source) if c.kv_source else None,
+            "estimated_ttft_ms": round(c.total_ms, 3),
+            "route": route.to_json() if route else None,
+            "chosen": c.terms(),
+            "runner_up": decision.runner_up.terms() if decision.runner_up else None,
+            "candidates": decision.candidates,
+            "explanation": decision.explain(),
+            "decision_ms": round(1000 * decide_s, 3),
+            "install_ms": round(1000 * install_s, 3),
+        }
+
+    def generate(self, body: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+        """Decide, install, and proxy the request to the chosen instance."""
+        steering = self.decide(body)
+        forward = {k: v for k, v in body.items() if k in ("prompt_token_ids", "hash_ids")}
+        if "input_length" in body:
+            forward["input_length"] = body["input_length"]
+        started = time.perf_counter()
+        status, reply = post_json(steering["url"] + "/generate", forward, timeout=timeout)
+        ttft_ms = 1000 * (time.perf_counter() - started)
+        if status != 200:
+            raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
+        return {"steering": steering, "reply": reply, "proxy_ttft_ms": round(ttft_ms, 3)}
+
+    def rib_view(self) -> list[dict[str, Any]]:
+        now_ms = int(self.clock() * 1000)
+        with self._lock:
+            self.feed.refresh(now_ms)
+            out = []
+            for table in self.feed.rib.services.values():
+                for inst in table.live():
+                    out.append(
+                        {
+                            "cs_id": table.cs_id,
+                            "instance": str(inst.address),
+                            "site": inst.site_id,
+                            "sequence": list(inst.epoch_seq),
+                            "age_ms": now_ms - inst.heard_ms,
+                            "prefill_tps": inst.prefill_tps,
+                            "backlog_tokens": inst.backlog_tokens,
+                            "tiers": sorted(t.name.lower() for t in inst.tiers),
+                        }
+                    )
+            return out
+
+
+def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
+    """POST JSON on a fresh connection; (status, decoded body)."""
+    parsed = http.client.urlsplit(url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
+    try:
+        data = json.dumps(body).encode()
+        conn.request(
+            "POST", parsed.path or "/", data, {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw or b"null")
+        except ValueError:
+            return resp.status, raw.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+# ---- HTTP ---------------------------------------------------------------------------
+
+
+class SteeringServer:
+    """The request API over HTTP (stdlib server, one thread per request)."""
+
+    def __init__(self, service: SteeringService, host: str = "127.0.0.1", port: int = 0):
+        self.service = service
+        self.httpd = ThreadingHTTPServer((host, port), _handler(service))
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> SteeringServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _json(self, status: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/flows":
+                self._json(200, [r.to_json() for r in service.forwarder.installed.values()])
+            elif self.path == "/rib":
+                self._json(200, service.rib_view())
+            elif self.path == "/health":
+                self._json(200, {"ok": True, "decisions": service.decisions})
+            else:
+                self._json(404, {"error": f"no {self.path}"})
+
+        def do_POST(self) -> None:
+            if self.path not in ("/decide", "/generate"):
+                self._json(404, {"error": f"no {self.path}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                if not isinstance(body, dict):
+                    raise SteeringError("the body must be a JSON object")
+                if self.path == "/decide":
+                    self._json(200, service.decide(body))
+                else:
+                    self._json(200, service.generate(body))
+            except (SteeringError, json.JSONDecodeError) as exc:
+                self._json(400, {"error": str(exc)})
+            except NoInstanceError as exc:
+                self._json(503, {"error": str(exc)})
+            except OSError as exc:
+                self._json(502, {"error": f"{type(exc).__name__}: {exc}"})
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="steering API at the ingress (C-PS + forwarder)")
+    p.add_argument("--config", required=True, help="SteeringConfig as JSON")
+    p.add_argument(
+        "--listen", action="append", default=[], help="ADDRESS:PORT (repeatable)"
+    )
+    p.add_argument("--ready", help="file written with the API URLs once listening")
+    args = p.parse_args(argv)
+    config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
+    forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
+    service = SteeringService(config, forwarder)
+    forwarder.kernel_routes()  # open netlink once now, not on the first decision
+    servers = []
+    for listen in args.listen or [f"127.0.0.1:{DEFAULT_PORT}"]:
+        host, _, port = listen.rpartition(":")
+        servers.append(SteeringServer(service, host, int(port)).start())
+    if args.ready:
+        tmp = Path(args.ready + ".tmp")
+        tmp.write_text(json.dumps([s.url for s in servers]))
+        os.replace(tmp, args.ready)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        for s in servers:
+            s.close()
+        forwarder.remove_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

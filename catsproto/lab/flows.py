@@ -1,0 +1,224 @@
+"""Real flows in the lab: the steering API at the ingress, a client behind it, captures.
+
+Strategy. The ingress is the node that receives (e1 in cats4): its ExaBGP receive
+process keeps the verified RIB, and `start_steering` runs the steering API
+(`catsproto.adapters.steering`) in its namespace on its client-facing address, with a
+`SteeringConfig` derived from the topology (graph with the links' delay and rate, the
+egress of each site, the ingress's neighbours as next hops, the lab's public keying
+secret). The client is the plain host behind the ingress (`client` in cats4): `client`
+below runs *in its namespace* (`run_client`) and measures what a user would — the
+decision latency through the API and the time until an instance answers the prefill
+(time to first token) — once steered, and once sent straight to the nearest site's
+instance for comparison. `Capture` runs tcpdump on one link end, by PID.
+
+There is no netem in the lab machines' kernel, so link delays are not applied: the TTFT
+a client measures is prefill (and queue) time plus sub-millisecond forwarding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from catsproto.adapters import netns
+from catsproto.adapters.steering import DEFAULT_PORT, SteeringConfig, post_json
+from catsproto.lab.instances import BLOCK_TOKENS, DEMO_SECRET, INSTANCE_PORT, MODEL, demo_prompt
+from catsproto.lab.runner import Lab, LabError
+from catsproto.lab.steering import network_from_topology, rate_mbps
+from catsproto.lab.topology import Topology
+from catsproto.selector import Link
+
+STEERING_PORT = DEFAULT_PORT
+
+
+def ingress_node(topology: Topology) -> str:
+    for name, node in topology.nodes.items():
+        if node.receive:
+            return name
+    raise LabError("no receiving node: nowhere to run the path selector")
+
+
+def client_link(topology: Topology, ingress: str) -> tuple[str, str, str]:
+    """(host, host address, ingress address) of the ingress's link to a plain host."""
+    for link in topology.links:
+        for local, remote in ((link.a, link.b), (link.b, link.a)):
+            if (
+                local.node == ingress
+                and remote.node not in topology.nodes
+                and local.address
+                and remote.address
+            ):
+                return remote.node, str(remote.address.ip), str(local.address.ip)
+    raise LabError(f"{ingress} has no link to a client host")
+
+
+def steering_config(lab: Lab, *, netns_name: str | None = None) -> SteeringConfig:
+    topology = lab.topology
+    ingress = ingress_node(topology)
+    _, sites = network_from_topology(topology)
+    links = tuple(
+        Link(link.a.node, link.b.node, link.delay_ms, rate_mbps(link.rate))
+        for link in topology.links
+    )
+    next_hops = {nb.remote.node: str(nb.remote.address.ip) for nb in topology.neighbors(ingress)}  # type: ignore[union-attr]
+    try:
+        _, _, source = client_link(topology, ingress)
+    except LabError:
+        source = None
+    return SteeringConfig(
+        ingress=ingress,
+        rib_file=str(lab.rib_file(ingress)),
+        links=links,
+        sites=sites,
+        next_hops=next_hops,
+        secret=DEMO_SECRET,
+        model_id=MODEL,
+        block_size=BLOCK_TOKENS,
+        source=source,
+        instance_port=INSTANCE_PORT,
+        netns=netns_name,
+    )
+
+
+def api_url(lab: Lab) -> str:
+    _, _, address = client_link(lab.topology, ingress_node(lab.topology))
+    return f"http://{address}:{STEERING_PORT}"
+
+
+def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
+    """The steering API in the ingress's namespace, on its client-facing address."""
+    ingress = ingress_node(lab.topology)
+    _, _, address = client_link(lab.topology, ingress)
+    d = lab.node_dir(ingress)
+    conf = d / "steering.json"
+    conf.write_text(json.dumps(steering_config(lab).to_json()))
+    ready = d / "steering.ready"
+    ready.unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "catsproto.adapters.steering",
+        "--config",
+        str(conf),
+        "--listen",
+        f"{address}:{STEERING_PORT}",
+        "--ready",
+        str(ready),
+    ]
+    proc = lab.handle.start(ingress, "steering", argv)
+    lab.handle.state.info["steering"] = {"url": f"http://{address}:{STEERING_PORT}"}
+    lab.handle.save()
+    lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "steering API")
+    if not ready.exists():
+        raise LabError(f"steering API died: {Path(proc.log).read_text()[-2000:]}")
+    return proc
+
+
+def run_client(lab: Lab, argv: list[str], timeout: float = 120.0) -> dict[str, Any]:
+    """`flows client ARGV` in the client host's namespace; its JSON result."""
+    host, _, _ = client_link(lab.topology, ingress_node(lab.topology))
+    out = subprocess.run(
+        ["ip", "netns", "exec", lab.handle.ns(host), sys.executable, "-m", __name__, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise LabError(f"client failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+class Capture:
+    """tcpdump on one end of a topology link (e.g. "c3-e3"), started and stopped by PID."""
+
+    def __init__(self, lab: Lab, link: str, bpf: str, node: str | None = None) -> None:
+        self.lab = lab
+        found = lab.topology.find_link(link)
+        ends = lab.handle.state.links[lab.topology.links.index(found)]
+        self.end = next((e for e in ends if e.node == node), ends[0])
+        self.pcap = lab.run_dir / f"{found.a.node}-{found.b.node}.{int(time.time())}.pcap"
+        self.bpf = bpf
+        self.proc: netns.Process | None = None
+
+    def __enter__(self) -> Capture:
+        argv = ["tcpdump", "-i", self.end.ifname, "-U", "-n", "-Z", "root", "-w"]
+        self.proc = self.lab.handle.start(
+            self.end.node, f"tcpdump-{self.end.ifname}", [*argv, str(self.pcap), self.bpf]
+        )
+        log = Path(self.proc.log)
+        self.lab.wait_for(
+            lambda: "listening on" in log.read_text(errors="replace"), 10, "tcpdump to listen"
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            time.sleep(0.2)  # let the last segments land
+            self.lab.handle.stop(self.proc)
+            self.proc = None
+
+    def packets(self) -> list[str]:
+        """One text line per captured packet (tcpdump -nn -r)."""
+        out = subprocess.run(
+            ["tcpdump", "-nn", "-r", str(self.pcap)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+# ---- the client (runs in the client host's namespace) ---------------------------------
+
+
+def _timed_generate(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    status, reply = post_json(url + "/generate", body, timeout=120)
+    ttft = 1000 * (time.perf_counter() - started)
+    if status != 200:
+        raise SystemExit(f"{url} answered {status}: {reply}")
+    return {"url": url, "ttft_ms": round(ttft, 3), "reply": reply}
+
+
+def client_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="flows client", description="a client behind the ingress")
+    p.add_argument("--api", required=True, help="the steering API, http://ADDRESS:PORT")
+    p.add_argument("--site", type=int, required=True, help="send site N's demo conversation")
+    p.add_argument("--cs-id", type=int, default=100)
+    p.add_argument("--repeat", type=int, default=3, help="steered requests")
+    p.add_argument("--compare", action="append", default=[], help="instance URL to compare")
+    args = p.parse_args(argv)
+    tokens = demo_prompt(args.site)
+    body = {"cs_id": args.cs_id, "prompt_token_ids": tokens}
+    result: dict[str, Any] = {"prompt_tokens": len(tokens), "decisions": [], "steered": []}
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        status, decision = post_json(args.api + "/decide", body, timeout=30)
+        api_ms = 1000 * (time.perf_counter() - started)
+        if status != 200:
+            raise SystemExit(f"steering API answered {status}: {decision}")
+        decision["client_api_ms"] = round(api_ms, 3)
+        result["decisions"].append(decision)
+        result["steered"].append(_timed_generate(decision["url"], {"prompt_token_ids": tokens}))
+    result["nearest"] = [_timed_generate(url, {"prompt_token_ids": tokens}) for url in args.compare]
+    json.dump(result, sys.stdout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "client":
+        print("usage: python -m catsproto.lab.flows client --api URL --site N ...", file=sys.stderr)
+        return 2
+    return client_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
