@@ -299,8 +299,12 @@ def run_lab(
         transit_log = "".join(
             f.read_text(errors="replace") for f in sorted(lab.run_dir.glob("t.*.log"))
         )
-    finally:
+    except BaseException:
         lab.down()
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    lab.down()
     try:
         negotiated = _fill_cells(cells, published, seen, hop1, hop2, judged_at)
         for cell in cells.values():
