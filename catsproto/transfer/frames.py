@@ -1,0 +1,336 @@
+"""Frames of the block-transfer protocol, and an incremental frame reader.
+
+Every frame is::
+
+    0                   1                   2                   3
+    0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+   +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+   |  frame type   |                 body length (u32) ...
+   +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+   ...             |  body (length bytes) ...
+   +-+-+-+-+-+-+-+-+
+
+all integers big-endian. Bodies (docs/transfer.md has the full table):
+
+    PULL     1  transfer_id u64 | holder_epoch u64 | start u32 | rate_bps u64 | key u64 ...
+    ACCEPT   2  transfer_id u64 | holder_epoch u64 | start u32 | count u32
+    BLOCK    3  index u32 | key u64 | size u32 | digest (32)
+    DATA     4  payload bytes of the current block (a chunk)
+    EVICTED  5  index u32 | key u64
+    DONE     6  transfer_id u64 | end u32
+    CANCEL   7  code u16 | reason (UTF-8)
+    REFUSE   8  code u16 | reason (UTF-8)
+
+Each frame type is one immutable dataclass with `encode_body` and `decode_body`; the
+registry `FRAME_TYPES` maps codes to classes (registering a code twice raises). Decoding
+a body must consume it whole. `FrameReader` takes bytes in any split and returns whole
+frames; anything malformed raises `FrameError` with the stream offset of the frame.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from catsproto.transfer.errors import FrameError
+
+HEADER = struct.Struct(">BI")
+HEADER_LEN = HEADER.size
+DIGEST_LEN = 32
+MAX_BODY = 1 << 20  # 1 MiB: DATA chunks are at most this; PULL carries at most ~131k keys
+MAX_KEYS = (MAX_BODY - 28) // 8
+
+
+class FrameType(enum.IntEnum):
+    PULL = 1
+    ACCEPT = 2
+    BLOCK = 3
+    DATA = 4
+    EVICTED = 5
+    DONE = 6
+    CANCEL = 7
+    REFUSE = 8
+
+
+def frame_name(code: int) -> str:
+    try:
+        return FrameType(code).name.lower()
+    except ValueError:
+        return f"unknown-{code}"
+
+
+class Code(enum.IntEnum):
+    """Why a transfer was cancelled or refused."""
+
+    CANCELLED = 1  # the puller (or holder) gave up; nothing wrong with the stream
+    BAD_REQUEST = 2
+    TOO_LARGE = 3
+    SHUTTING_DOWN = 4
+    VERIFY_FAILED = 5  # the puller refused a block (digest, order, size)
+    NOT_AUTHORISED = 6
+
+
+class Frame(Protocol):
+    TYPE: ClassVar[FrameType]
+
+    def encode_body(self) -> bytes: ...
+
+
+_PULL = struct.Struct(">QQIQ")
+_ACCEPT = struct.Struct(">QQII")
+_BLOCK = struct.Struct(">IQI32s")
+_EVICTED = struct.Struct(">IQ")
+_DONE = struct.Struct(">QI")
+_CODE = struct.Struct(">H")
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+
+
+def _fixed(s: struct.Struct, body: bytes, name: str) -> tuple:
+    if len(body) != s.size:
+        raise FrameError(f"{name} body is {len(body)} bytes, not {s.size}")
+    return s.unpack(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """Ask for blocks `keys[start:]` of the prefix `keys` (prefix order)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.PULL
+    transfer_id: int
+    holder_epoch: int  # the epoch the puller's staged blocks came from; 0: none
+    start: int  # index of the first block wanted (resumption point)
+    rate_bps: int  # the puller's bandwidth budget in bytes/s; 0: the holder's own
+    keys: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise FrameError("pull: at least one key")
+        if len(self.keys) > MAX_KEYS:
+            raise FrameError(f"pull: {len(self.keys)} keys, at most {MAX_KEYS}")
+        if not 0 <= self.start <= len(self.keys):
+            raise FrameError(f"pull: start {self.start} outside 0..{len(self.keys)}")
+        for name in ("transfer_id", "holder_epoch", "rate_bps"):
+            if not 0 <= getattr(self, name) <= _U64:
+                raise FrameError(f"pull: {name} outside u64")
+
+    def encode_body(self) -> bytes:
+        head = _PULL.pack(self.transfer_id, self.holder_epoch, self.start, self.rate_bps)
+        return head + struct.pack(f">{len(self.keys)}Q", *self.keys)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Pull:
+        if len(body) < _PULL.size or (len(body) - _PULL.size) % 8:
+            raise FrameError(f"pull body of {len(body)} bytes is not 28 + 8 × keys")
+        tid, epoch, start, rate = _PULL.unpack_from(body)
+        n = (len(body) - _PULL.size) // 8
+        keys = struct.unpack_from(f">{n}Q", body, _PULL.size)
+        return cls(tid, epoch, start, rate, keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """The holder takes the pull: its epoch, and where it really starts (0 after a restart)."""
+
+    TYPE: ClassVar[FrameType] = FrameType.ACCEPT
+    transfer_id: int
+    holder_epoch: int
+    start: int
+    count: int  # how many keys the pull named
+
+    def encode_body(self) -> bytes:
+        return _ACCEPT.pack(self.transfer_id, self.holder_epoch, self.start, self.count)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Accept:
+        return cls(*_fixed(_ACCEPT, body, "accept"))
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Header of block `index`: its key, payload size and BLAKE2b-256 content digest."""
+
+    TYPE: ClassVar[FrameType] = FrameType.BLOCK
+    index: int
+    key: int
+    size: int
+    digest: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.digest) != DIGEST_LEN:
+            raise FrameError(f"block digest is {len(self.digest)} bytes, not {DIGEST_LEN}")
+
+    def encode_body(self) -> bytes:
+        return _BLOCK.pack(self.index, self.key, self.size, self.digest)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Block:
+        return cls(*_fixed(_BLOCK, body, "block"))
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """A chunk of the current block's payload."""
+
+    TYPE: ClassVar[FrameType] = FrameType.DATA
+    chunk: bytes | memoryview
+
+    def __post_init__(self) -> None:
+        if not len(self.chunk):
+            raise FrameError("data: empty chunk")
+
+    def encode_body(self) -> bytes:
+        return bytes(self.chunk)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Data:
+        return cls(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """The holder no longer has block `index`: it and everything after are not sent."""
+
+    TYPE: ClassVar[FrameType] = FrameType.EVICTED
+    index: int
+    key: int
+
+    def encode_body(self) -> bytes:
+        return _EVICTED.pack(self.index, self.key)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Evicted:
+        return cls(*_fixed(_EVICTED, body, "evicted"))
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The holder sent everything it will send; `end` is one past the last block sent."""
+
+    TYPE: ClassVar[FrameType] = FrameType.DONE
+    transfer_id: int
+    end: int
+
+    def encode_body(self) -> bytes:
+        return _DONE.pack(self.transfer_id, self.end)
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Done:
+        return cls(*_fixed(_DONE, body, "done"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Coded:
+    code: int
+    reason: str = ""
+
+    def encode_body(self) -> bytes:
+        return _CODE.pack(self.code) + self.reason.encode("utf-8")[:1024]
+
+    @classmethod
+    def _decode(cls, body: bytes, name: str) -> tuple[int, str]:
+        if len(body) < _CODE.size:
+            raise FrameError(f"{name} body of {len(body)} bytes lacks its code")
+        (code,) = _CODE.unpack_from(body)
+        try:
+            return code, body[_CODE.size :].decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError(f"{name} reason is not UTF-8") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(_Coded):
+    TYPE: ClassVar[FrameType] = FrameType.CANCEL
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Cancel:
+        return cls(*cls._decode(body, "cancel"))
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse(_Coded):
+    TYPE: ClassVar[FrameType] = FrameType.REFUSE
+
+    @classmethod
+    def decode_body(cls, body: bytes) -> Refuse:
+        return cls(*cls._decode(body, "refuse"))
+
+
+AnyFrame = Pull | Accept | Block | Data | Evicted | Done | Cancel | Refuse
+
+FRAME_TYPES: dict[int, type] = {}
+
+
+def register(cls: type) -> type:
+    code = int(cls.TYPE)  # type: ignore[attr-defined]
+    if code in FRAME_TYPES:
+        raise ValueError(f"frame type {code} registered twice")
+    FRAME_TYPES[code] = cls
+    return cls
+
+
+for _cls in (Pull, Accept, Block, Data, Evicted, Done, Cancel, Refuse):
+    register(_cls)
+
+
+def encode(frame: AnyFrame) -> bytes:
+    """One frame on the wire: type, length, body."""
+    body = frame.encode_body()
+    if len(body) > MAX_BODY:
+        raise FrameError(f"{frame_name(frame.TYPE)} body of {len(body)} bytes over {MAX_BODY}")
+    return HEADER.pack(frame.TYPE, len(body)) + body
+
+
+def encode_data(chunk: bytes | memoryview) -> list[bytes | memoryview]:
+    """A DATA frame as (header, chunk), so a sender can write the chunk without a copy."""
+    if not 0 < len(chunk) <= MAX_BODY:
+        raise FrameError(f"data chunk of {len(chunk)} bytes outside 1..{MAX_BODY}")
+    return [HEADER.pack(FrameType.DATA, len(chunk)), chunk]
+
+
+class FrameReader:
+    """Bytes in (any split), whole frames out. Keeps the stream offset for errors."""
+
+    def __init__(self, max_body: int = MAX_BODY) -> None:
+        self._buf = bytearray()
+        self._start = 0  # stream offset of _buf[0]
+        self.max_body = max_body
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the first byte not yet returned as part of a frame."""
+        return self._start
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | memoryview) -> list[tuple[int, AnyFrame]]:
+        """Append `data`; return every frame now complete as (stream offset, frame)."""
+        self._buf += data
+        out: list[tuple[int, AnyFrame]] = []
+        pos = 0
+        buf = self._buf
+        while len(buf) - pos >= HEADER_LEN:
+            code, length = HEADER.unpack_from(buf, pos)
+            at = self._start + pos
+            cls = FRAME_TYPES.get(code)
+            if cls is None:
+                raise FrameError(f"unknown frame type {code}", at)
+            if length > self.max_body:
+                raise FrameError(f"length {length} over the limit of {self.max_body}", at, code)
+            if len(buf) - pos - HEADER_LEN < length:
+                break
+            body = bytes(buf[pos + HEADER_LEN : pos + HEADER_LEN + length])
+            try:
+                frame = cls.decode_body(body)
+            except FrameError as exc:
+                raise exc.located(at, code) from None
+            out.append((at, frame))
+            pos += HEADER_LEN + length
+        if pos:
+            del buf[:pos]
+            self._start += pos
+        return out
