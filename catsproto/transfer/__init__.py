@@ -51,6 +51,7 @@ from catsproto.transfer.puller import (
     Cancelled,
     Completed,
     Puller,
+    PullerEvent,
     PullerState,
     ResumeState,
 )

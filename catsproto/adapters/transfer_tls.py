@@ -1,0 +1,508 @@
+"""Block transfer over TLS 1.3 with mutual authentication by trust-store node keys.
+
+Strategy: every node's transfer certificate is a self-signed X.509 certificate whose
+key *is* its Ed25519 node key (`transfer_certificate`), so no CA is involved: a peer is
+trusted when its certificate's public key has a delegation in the `TrustStore` that is
+valid now (and, for a puller, when it is the holder it meant to reach). Python's `ssl`
+has no verification callback, so each side first sends a one-line *offer* in the clear,
+``"CATSXFR1" | u16 length | certificate DER``; the other side checks that key against
+the trust store and then runs a TLS 1.3 handshake whose only trust anchor is exactly
+that certificate, with its own certificate as the client/server certificate. The
+handshake proves possession of the private key (CertificateVerify), so replaying
+somebody else's offer fails there; after it, the certificate seen in TLS must be the
+offered one and is checked against the trust store again. The offers show node
+identities (key ids) to an on-path observer; the blocks themselves only travel inside
+TLS. Frames and state machines are `catsproto.transfer`; this module only moves bytes:
+one thread per connection on the holder (`TransferServer`), a blocking `pull` on the
+puller, both pacing with `time.monotonic()` as the core's `now`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import select
+import socket
+import ssl
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.x509.oid import NameOID
+
+from catsproto.security import (
+    Authorisation,
+    KeyExpiredError,
+    SigningKey,
+    TrustStore,
+    UnknownKeyError,
+    key_id,
+)
+from catsproto.transfer import (
+    Completed,
+    Holder,
+    PeerCancelled,
+    Puller,
+    PullerEvent,
+    ResumeState,
+    StoredBlock,
+    TransferError,
+    TruncatedTransferError,
+)
+
+OFFER_MAGIC = b"CATSXFR1"
+_OFFER_LEN = struct.Struct(">H")
+MAX_CERT = 4096
+RECV_SIZE = 1 << 20
+
+
+class PeerAuthError(TransferError):
+    """The peer is not who it must be; `reason` is one of the `REASONS`."""
+
+    REASONS = ("bad-certificate", "unknown-key", "key-expired", "wrong-peer", "handshake")
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.code = reason
+
+    def located(self, offset: int | None, tlv_type: int | None) -> PeerAuthError:
+        return self
+
+
+class ChannelError(TransferError):
+    """The connection failed under the protocol (TLS alert or bad record, reset)."""
+
+
+# ---- certificates ----------------------------------------------------------------------
+
+
+def transfer_certificate(
+    key: SigningKey, not_before: datetime.datetime, not_after: datetime.datetime
+) -> bytes:
+    """The node's self-signed Ed25519 certificate (DER): subject CN = key id in hex."""
+    private = Ed25519PrivateKey.from_private_bytes(key.seed)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"catsproto {key.key_id.hex()}")])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(int.from_bytes(key.key_id, "big") >> 1 or 1)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, False, False, False, False),
+            critical=True,
+        )
+    )
+    return builder.sign(private, None).public_bytes(serialization.Encoding.DER)
+
+
+def certificate_key(der: bytes) -> bytes:
+    """The raw Ed25519 public key of a self-signed transfer certificate (checked)."""
+    try:
+        cert = x509.load_der_x509_certificate(der)
+        public = cert.public_key()
+        if not isinstance(public, Ed25519PublicKey):
+            raise PeerAuthError("bad-certificate", "not an Ed25519 key")
+        public.verify(cert.signature, cert.tbs_certificate_bytes)
+    except PeerAuthError:
+        raise
+    except Exception as exc:  # any parse or signature failure is one refusal
+        raise PeerAuthError("bad-certificate", str(exc) or type(exc).__name__) from None
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+class TransferIdentity:
+    """A node key with its transfer certificate, written once to a private directory
+    (Python's `ssl` loads certificate chains from files only)."""
+
+    def __init__(
+        self,
+        key: SigningKey,
+        *,
+        not_before: datetime.datetime | None = None,
+        not_after: datetime.datetime | None = None,
+    ) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        self.key = key
+        self.certificate = transfer_certificate(
+            key,
+            not_before or now - datetime.timedelta(hours=1),
+            not_after or now + datetime.timedelta(days=1),
+        )
+        self._dir = tempfile.TemporaryDirectory(prefix="catsproto-xfer-")
+        os.chmod(self._dir.name, 0o700)
+        self.cert_file = Path(self._dir.name) / "cert.pem"
+        self.key_file = Path(self._dir.name) / "key.pem"
+        pem = ssl.DER_cert_to_PEM_cert(self.certificate)
+        self.cert_file.write_text(pem)
+        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(
+                Ed25519PrivateKey.from_private_bytes(key.seed).private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+
+    @property
+    def key_id(self) -> bytes:
+        return self.key.key_id
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+    def __enter__(self) -> TransferIdentity:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class PeerPolicy:
+    """Which peers to accept: a trust-store delegation valid at `clock_ms()`, and, when
+    `expected_key_id` is set, exactly that node."""
+
+    trust: TrustStore
+    expected_key_id: bytes | None = None
+    clock_ms: Callable[[], int] = wall_clock_ms
+
+    def check(self, certificate: bytes) -> Authorisation:
+        raw = certificate_key(certificate)
+        kid = key_id(raw)
+        if self.expected_key_id is not None and kid != self.expected_key_id:
+            raise PeerAuthError(
+                "wrong-peer", f"key {kid.hex()}, expected {self.expected_key_id.hex()}"
+            )
+        auth = self.trust.lookup(kid)
+        if auth is None or auth.node.raw != raw:
+            raise PeerAuthError("unknown-key", f"no delegation for key {kid.hex()}")
+        try:
+            auth.check_validity(self.clock_ms())
+        except KeyExpiredError as exc:
+            raise PeerAuthError("key-expired", str(exc)) from None
+        except UnknownKeyError as exc:  # pragma: no cover - lookup already answered
+            raise PeerAuthError("unknown-key", str(exc)) from None
+        return auth
+
+
+# ---- the authenticated channel ---------------------------------------------------------
+
+
+def send_offer(sock: socket.socket, certificate: bytes) -> None:
+    sock.sendall(OFFER_MAGIC + _OFFER_LEN.pack(len(certificate)) + certificate)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            raise PeerAuthError("handshake", f"connection closed during the offer ({len(buf)}/{n})")
+        buf += part
+    return bytes(buf)
+
+
+def read_offer(sock: socket.socket) -> bytes:
+    head = _recv_exact(sock, len(OFFER_MAGIC) + _OFFER_LEN.size)
+    if head[: len(OFFER_MAGIC)] != OFFER_MAGIC:
+        raise PeerAuthError("handshake", "not a catsproto transfer offer")
+    (n,) = _OFFER_LEN.unpack_from(head, len(OFFER_MAGIC))
+    if not 0 < n <= MAX_CERT:
+        raise PeerAuthError("bad-certificate", f"offered certificate of {n} bytes")
+    return _recv_exact(sock, n)
+
+
+def tls_context(identity: TransferIdentity, anchor: bytes, *, server_side: bool) -> ssl.SSLContext:
+    """TLS 1.3 only, our certificate, and the peer's certificate as the only anchor."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_3
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(cadata=anchor)
+    ctx.load_cert_chain(identity.cert_file, identity.key_file)
+    return ctx
+
+
+def secure(
+    sock: socket.socket, identity: TransferIdentity, policy: PeerPolicy, *, server_side: bool
+) -> tuple[ssl.SSLSocket, Authorisation]:
+    """Offers, trust-store check, TLS 1.3 handshake, re-check. Raises `PeerAuthError`."""
+    if server_side:
+        offered = read_offer(sock)
+        policy.check(offered)
+        send_offer(sock, identity.certificate)
+    else:
+        send_offer(sock, identity.certificate)
+        offered = read_offer(sock)
+        policy.check(offered)
+    ctx = tls_context(identity, offered, server_side=server_side)
+    try:
+        tls = ctx.wrap_socket(sock, server_side=server_side)
+        seen = tls.getpeercert(binary_form=True)
+    except (ssl.SSLError, OSError) as exc:
+        raise PeerAuthError("handshake", str(exc)) from None
+    if seen != offered:
+        tls.close()
+        raise PeerAuthError("bad-certificate", "the TLS certificate is not the offered one")
+    return tls, policy.check(seen)
+
+
+# ---- the holder: a threaded server -----------------------------------------------------
+
+
+@dataclass
+class ServedTransfer:
+    """What the server did for one connection (tests and the CLI read these)."""
+
+    peer: str
+    peer_key_id: str = ""
+    transfer_id: int = 0
+    blocks_sent: int = 0
+    payload_bytes: int = 0
+    evicted_at: int | None = None
+    cancelled: bool = False
+    error: str = ""
+
+
+@dataclass
+class ServerOptions:
+    epoch: int = 1
+    rate_bps: float = 0
+    chunk: int = 256 << 10
+    plaintext: bool = False  # benchmarks only: the same frames over bare TCP
+    timeout: float = 30.0
+
+
+class TransferServer:
+    """Serves pulls from `lookup(key) -> StoredBlock | None` on `host:port`."""
+
+    def __init__(
+        self,
+        identity: TransferIdentity | None,
+        policy: PeerPolicy | None,
+        lookup: Callable[[int], StoredBlock | None],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        options: ServerOptions | None = None,
+    ) -> None:
+        self.options = options or ServerOptions()
+        if not self.options.plaintext and (identity is None or policy is None):
+            raise ValueError("TLS needs an identity and a peer policy")
+        self.identity, self.policy, self.lookup = identity, policy, lookup
+        self._listener = socket.create_server((host, port))
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self.served: list[ServedTransfer] = []
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._accept = threading.Thread(target=self._accept_loop, daemon=True)
+
+    def start(self) -> TransferServer:
+        if not self._accept.is_alive():
+            self._accept.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._accept.join(timeout=5)
+        for t in list(self._threads):
+            t.join(timeout=5)
+
+    def __enter__(self) -> TransferServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn, peer), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket, peer: tuple) -> None:
+        record = ServedTransfer(f"{peer[0]}:{peer[1]}")
+        with self._lock:
+            self.served.append(record)
+        conn.settimeout(self.options.timeout)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket = conn
+        try:
+            if not self.options.plaintext:
+                assert self.identity is not None and self.policy is not None
+                sock, auth = secure(conn, self.identity, self.policy, server_side=True)
+                record.peer_key_id = auth.key_id.hex()
+            self._stream(sock, record)
+        except (TransferError, OSError, ssl.SSLError) as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _stream(self, sock: socket.socket, record: ServedTransfer) -> None:
+        o = self.options
+        holder = Holder(self.lookup, o.epoch, chunk=o.chunk, rate_bps=o.rate_bps)
+        while holder.pull is None and not holder.finished:
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                return
+            holder.receive(data)
+        assert holder.pull is not None
+        record.transfer_id = holder.pull.transfer_id
+        sock.setblocking(True)
+        while not holder.finished and not self._closing.is_set():
+            if _readable(sock):
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    break
+                if any(isinstance(e, PeerCancelled) for e in holder.receive(data)):
+                    record.cancelled = True
+                    break
+            now = time.monotonic()
+            out = holder.send(now, limit=1 << 20)
+            if out:
+                sock.sendall(out)
+                continue
+            nxt = holder.next_send_at(now)
+            if nxt is None:
+                break
+            if nxt > now:
+                time.sleep(nxt - now)
+        if self._closing.is_set() and not holder.finished:
+            with contextlib.suppress(OSError):
+                sock.sendall(holder.cancel("server shutting down"))
+        record.blocks_sent = holder.blocks_sent
+        record.payload_bytes = holder.payload_bytes_sent
+        record.evicted_at = holder.evicted.index if holder.evicted else None
+        if isinstance(sock, ssl.SSLSocket):
+            with contextlib.suppress(OSError, ssl.SSLError):
+                sock.unwrap()
+
+
+def _readable(sock: socket.socket) -> bool:
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    r, _, _ = select.select([sock], [], [], 0)
+    return bool(r)
+
+
+# ---- the puller ------------------------------------------------------------------------
+
+
+@dataclass
+class PullResult:
+    """A pull's end: `completed` (then admit its blocks) or `error` (then admit nothing;
+    `resume` holds what was verified, to ask again from there)."""
+
+    completed: Completed | None
+    resume: ResumeState
+    error: TransferError | None
+    seconds: float
+    wire_bytes: int
+    peer_key_id: str = ""
+    events: list[PullerEvent] = field(default_factory=list)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(len(b.payload) for b in self.resume.blocks)
+
+
+def pull(
+    address: tuple[str, int],
+    identity: TransferIdentity | None,
+    policy: PeerPolicy | None,
+    keys: Sequence[int],
+    *,
+    transfer_id: int = 1,
+    resume: ResumeState | None = None,
+    rate_bps: int = 0,
+    timeout: float = 30.0,
+    cancel: threading.Event | None = None,
+    keep_events: bool = False,
+) -> PullResult:
+    """Pull the prefix `keys` from the holder at `address`. TLS unless both identity and
+    policy are None (benchmarks' plaintext baseline)."""
+    puller = Puller(transfer_id, keys, resume=resume, rate_bps=rate_bps)
+    started = time.perf_counter()
+    events: list[PullerEvent] = []
+    completed: Completed | None = None
+    peer = ""
+    try:
+        raw = socket.create_connection(address, timeout=timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock: socket.socket = raw
+        try:
+            if identity is not None or policy is not None:
+                assert identity is not None and policy is not None
+                sock, auth = secure(raw, identity, policy, server_side=False)
+                peer = auth.key_id.hex()
+            sock.sendall(puller.start())
+            while completed is None:
+                if cancel is not None and cancel.is_set():
+                    sock.sendall(puller.cancel("cancelled by the puller"))
+                    break
+                try:
+                    data = sock.recv(RECV_SIZE)
+                except ssl.SSLError as exc:
+                    raise ChannelError(f"TLS: {exc.reason or exc}") from None
+                if not data:
+                    puller.end_of_stream()  # raises TruncatedTransferError
+                    break
+                for ev in puller.receive(data):
+                    if keep_events:
+                        events.append(ev)
+                    if isinstance(ev, Completed):
+                        completed = ev
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+    except TransferError as exc:
+        return _result(None, puller, exc, started, peer, events)
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        err = TruncatedTransferError(f"connection lost: {exc}")
+        return _result(None, puller, err, started, peer, events)
+    return _result(completed, puller, None, started, peer, events)
+
+
+def _result(
+    completed: Completed | None,
+    puller: Puller,
+    error: TransferError | None,
+    started: float,
+    peer: str,
+    events: list[PullerEvent],
+) -> PullResult:
+    return PullResult(
+        completed,
+        puller.resume_state(),
+        error,
+        time.perf_counter() - started,
+        puller.bytes_received,
+        peer,
+        events,
+    )
