@@ -1,0 +1,188 @@
+"""The steering API without root: RIB feed, request parsing, decisions over HTTP, routes
+the forwarder would install (dry run). The lab test (test_steering_lab.py) does it for real."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from catsproto.adapters.steering import (
+    Forwarder,
+    RibFeed,
+    SteeringConfig,
+    SteeringError,
+    SteeringServer,
+    SteeringService,
+    post_json,
+)
+from catsproto.lab import instances
+from catsproto.lab.steering import rate_mbps
+from catsproto.lab.topology import load
+from catsproto.selector import Link
+
+TOPOLOGY = load(Path(__file__).resolve().parent.parent / "lab" / "cats4.clab.yml")
+NEXT_HOPS = {"c1": "10.0.11.2", "client": "10.100.1.2"}
+
+
+def _rib_json(now_ms: int, sites: tuple[int, ...] = (1, 3)) -> dict:
+    """What the ingress's receiver would hold: each site's instances, site 3's first one
+    caching its demo conversation; values signed as the lab signs them."""
+    routes = []
+    for node in TOPOLOGY.nodes.values():
+        for i, spec in enumerate(node.instances):
+            if spec.site_id not in sites:
+                continue
+            keys = instances.demo_prefix_keys(spec.site_id) if i == 0 else np.zeros(0, np.uint64)
+            values = instances.instance_routes(
+                spec,
+                np.asarray(keys, dtype=np.uint64),
+                sequence=1,
+                now_ms=now_ms,
+                signer=instances.lab_key(TOPOLOGY, spec.name),
+            )
+            for prefix, value in values.items():
+                routes.append(
+                    {
+                        "peer": "10.0.11.2",
+                        "prefix": str(prefix),
+                        "origin": str(spec.address),
+                        "cs_id": spec.cs_id,
+                        "value": value.hex(),
+                        "verified": True,
+                    }
+                )
+    return {"sessions": {}, "routes": routes}
+
+
+def _config(rib_file: str) -> SteeringConfig:
+    sites = {s.site_id: n for n, node in TOPOLOGY.nodes.items() for s in node.instances}
+    links = tuple(Link(k.a.node, k.b.node, k.delay_ms, rate_mbps(k.rate)) for k in TOPOLOGY.links)
+    return SteeringConfig(
+        ingress="e1",
+        rib_file=rib_file,
+        links=links,
+        sites=sites,
+        next_hops=NEXT_HOPS,
+        secret=instances.DEMO_SECRET,
+        model_id=instances.MODEL,
+        block_size=instances.BLOCK_TOKENS,
+        source="10.100.1.1",
+    )
+
+
+@pytest.fixture
+def service(tmp_path):
+    rib_file = tmp_path / "rib.json"
+    rib_file.write_text(json.dumps(_rib_json(int(time.time() * 1000))))
+    return SteeringService(_config(str(rib_file)), Forwarder(NEXT_HOPS, dry_run=True))
+
+
+def test_config_round_trips_through_json(tmp_path):
+    config = _config(str(tmp_path / "rib.json"))
+    assert SteeringConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+
+
+def test_cached_remote_site_wins_and_the_route_goes_via_the_first_hop(service):
+    answer = service.decide({"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)})
+    assert answer["instance"] == "10.103.0.11" and answer["site"] == 3
+    assert answer["path"] == ["e1", "c1", "c3", "e3"]  # shortest delay: c1-c3 direct
+    assert answer["route"]["gateway"] == "10.0.11.2"
+    assert answer["url"] == "http://10.103.0.11:8100"
+    assert answer["chosen"]["cached_blocks"] == 24
+    assert "cached 24 blocks" in answer["explanation"]
+    assert answer["runner_up"] is not None and answer["runner_up"]["instance"] != "10.103.0.11"
+    assert service.forwarder.installed["10.103.0.11"].path == ("e1", "c1", "c3", "e3")
+
+
+def test_block_keys_give_the_same_decision_as_token_ids(service):
+    keys = [f"{int(k):016x}" for k in instances.demo_prefix_keys(3)]
+    answer = service.decide({"cs_id": 100, "block_keys": keys})
+    assert answer["instance"] == "10.103.0.11" and answer["chosen"]["cached_blocks"] == 24
+
+
+def test_nothing_cached_goes_to_the_ingress_site_without_a_route(service):
+    answer = service.decide({"cs_id": 100, "block_keys": [], "prompt_tokens": 12288})
+    assert answer["site"] == 1 and answer["path"] == ["e1"]
+    assert answer["route"]["gateway"] is None
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt_token_ids": [1, 2]}, "cs_id"),
+        ({"cs_id": 100}, "prompt_token_ids"),
+        ({"cs_id": 100, "prompt_token_ids": [-1]}, "prompt_token_ids"),
+        ({"cs_id": 100, "block_keys": ["zz"]}, "block_keys"),
+        ({"cs_id": 100, "block_keys": [], "prompt_tokens": -5}, "prompt_tokens"),
+    ],
+)
+def test_bad_requests_name_the_field(service, body, field):
+    with pytest.raises(SteeringError, match=field):
+        service.request(body)
+
+
+def test_http_api_decides_and_reports_errors(service):
+    server = SteeringServer(service).start()
+    try:
+        status, answer = post_json(
+            server.url + "/decide", {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}
+        )
+        assert status == 200 and answer["instance"] == "10.103.0.11"
+        assert answer["decision_ms"] < 1000
+        status, err = post_json(server.url + "/decide", {"cs_id": 100})
+        assert status == 400 and "prompt_token_ids" in err["error"]
+        status, err = post_json(server.url + "/decide", {"cs_id": 7, "block_keys": []})
+        assert status == 503 and "CS-ID 7" in err["error"]
+        status, flows = _get(server.url + "/flows")
+        assert status == 200 and flows[0]["route"].startswith("10.103.0.11/32 via 10.0.11.2")
+        status, rib = _get(server.url + "/rib")
+        assert {r["instance"] for r in rib} >= {"10.101.0.11", "10.103.0.11"}
+    finally:
+        server.close()
+
+
+def test_feed_follows_the_file_and_withdraws_vanished_origins(tmp_path):
+    path = tmp_path / "rib.json"
+    now = int(time.time() * 1000)
+    path.write_text(json.dumps(_rib_json(now)))
+    feed = RibFeed(path)
+    assert feed.refresh(now) and not feed.refresh(now)  # unchanged file: nothing to do
+    assert {str(i.address) for i in feed.rib.services[100].live()} == {
+        "10.101.0.11",
+        "10.101.0.12",
+        "10.103.0.11",
+        "10.103.0.12",
+    }
+    path.write_text(json.dumps(_rib_json(now, sites=(1,))))
+    assert feed.refresh(now)
+    assert {str(i.address) for i in feed.rib.services[100].live()} == {
+        "10.101.0.11",
+        "10.101.0.12",
+    }
+
+
+def test_unverified_routes_are_left_out(tmp_path):
+    doc = _rib_json(int(time.time() * 1000))
+    for r in doc["routes"]:
+        r["verified"] = r["origin"] not in ("10.103.0.11",)
+    feed = RibFeed(tmp_path / "none.json")
+    feed.apply(doc, int(time.time() * 1000))
+    assert "10.103.0.11" not in {str(i.address) for i in feed.rib.services[100].live()}
+
+
+def _get(url: str) -> tuple[int, object]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request("GET", u.path)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
