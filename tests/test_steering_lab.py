@@ -77,6 +77,7 @@ def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(
                 "3",
                 "--compare",
                 f"http://{NEAREST}:8100",
+                "--proxy",
             ],
         )
     for decision in result["decisions"]:
@@ -98,10 +99,15 @@ def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(
     assert all(s["reply"]["cached_blocks"] == 24 for s in result["steered"])
     assert result["nearest"][0]["reply"]["cached_blocks"] == 0
     assert max(steered) < min(nearest), (steered, nearest)
+    proxied = result["proxied"]  # the API's proxy mode: same instance, same path
+    assert proxied["reply"]["steering"]["instance"] == REMOTE
+    assert proxied["reply"]["reply"]["cached_blocks"] == 24
+    assert proxied["ttft_ms"] < min(nearest)
     print(
         f"\nsteered TTFT ms {steered}, nearest {nearest}; API decide (client) ms "
         f"{[d['client_api_ms'] for d in result['decisions']]}, "
-        f"selector ms {[d['decision_ms'] for d in result['decisions']]}"
+        f"selector ms {[d['decision_ms'] for d in result['decisions']]}, "
+        f"proxied TTFT ms {proxied['ttft_ms']}"
     )
 
 

@@ -403,9 +403,7 @@ def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
     try:
         data = json.dumps(body).encode()
-        conn.request(
-            "POST", parsed.path or "/", data, {"Content-Type": "application/json"}
-        )
+        conn.request("POST", parsed.path or "/", data, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         raw = resp.read()
         try:
@@ -493,9 +491,7 @@ def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="steering API at the ingress (C-PS + forwarder)")
     p.add_argument("--config", required=True, help="SteeringConfig as JSON")
-    p.add_argument(
-        "--listen", action="append", default=[], help="ADDRESS:PORT (repeatable)"
-    )
+    p.add_argument("--listen", action="append", default=[], help="ADDRESS:PORT (repeatable)")
     p.add_argument("--ready", help="file written with the API URLs once listening")
     args = p.parse_args(argv)
     config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))

@@ -194,6 +194,7 @@ def client_main(argv: list[str]) -> int:
     p.add_argument("--cs-id", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3, help="steered requests")
     p.add_argument("--compare", action="append", default=[], help="instance URL to compare")
+    p.add_argument("--proxy", action="store_true", help="also once through POST /generate")
     args = p.parse_args(argv)
     tokens = demo_prompt(args.site)
     body = {"cs_id": args.cs_id, "prompt_token_ids": tokens}
@@ -207,6 +208,8 @@ def client_main(argv: list[str]) -> int:
         decision["client_api_ms"] = round(api_ms, 3)
         result["decisions"].append(decision)
         result["steered"].append(_timed_generate(decision["url"], {"prompt_token_ids": tokens}))
+    if args.proxy:  # once more through the API's proxy: decide, install, forward
+        result["proxied"] = _timed_generate(args.api, body)
     result["nearest"] = [_timed_generate(url, {"prompt_token_ids": tokens}) for url in args.compare]
     json.dump(result, sys.stdout)
     return 0
