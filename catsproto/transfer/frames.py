@@ -113,7 +113,8 @@ class Pull:
         if not 0 <= self.start <= len(self.keys):
             raise FrameError(f"pull: start {self.start} outside 0..{len(self.keys)}")
         for name in ("transfer_id", "holder_epoch", "rate_bps"):
-            if not 0 <= getattr(self, name) <= _U64:
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value <= _U64:
                 raise FrameError(f"pull: {name} outside u64")
 
     def encode_body(self) -> bytes:

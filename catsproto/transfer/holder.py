@@ -81,8 +81,11 @@ class Holder:
         *,
         chunk: int = DEFAULT_CHUNK,
         rate_bps: float = 0,
+        burst_bytes: float | None = None,
         max_keys: int | None = None,
     ) -> None:
+        """burst_bytes: the bucket's depth (default two chunks or 2 ms at the rate);
+        a modelled link uses one chunk, so the model is not faster than its bandwidth."""
         if not 0 < chunk <= MAX_BODY:
             raise ValueError(f"chunk must be 1..{MAX_BODY} bytes")
         if epoch <= 0:
@@ -92,6 +95,7 @@ class Holder:
         self.chunk = chunk
         self.rate_bps = rate_bps
         self.max_keys = max_keys
+        self.burst_bytes = burst_bytes
         self.state = HolderState.AWAIT_PULL
         self.pull: Pull | None = None
         self.evicted: SentEvicted | None = None
@@ -140,7 +144,11 @@ class Holder:
             start = 0  # the staged blocks came from another life of this holder
         rates = [r for r in (self.rate_bps, p.rate_bps) if r > 0]
         if rates:
-            self._bucket = TokenBucket.for_rate(min(rates), self.chunk + HEADER_LEN)
+            frame = self.chunk + HEADER_LEN
+            if self.burst_bytes is None:
+                self._bucket = TokenBucket.for_rate(min(rates), frame)
+            else:
+                self._bucket = TokenBucket(min(rates), max(self.burst_bytes, frame))
         self._index = start
         self._out.append(encode(Accept(p.transfer_id, self.epoch, start, len(p.keys))))
         self.state = HolderState.STREAMING

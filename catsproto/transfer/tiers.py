@@ -90,7 +90,9 @@ class TierStores:
         link = TierLink.between(self.cache, source, destination)
         self._transfers += 1
         src = self.blocks[source]
-        holder = Holder(src.get, self.epoch, rate_bps=link.bytes_per_s)
+        holder = Holder(
+            src.get, self.epoch, chunk=64 << 10, rate_bps=link.bytes_per_s, burst_bytes=0
+        )
         puller = Puller(self._transfers, keys)
         holder.receive(puller.start())
         t = now + link.latency_s
