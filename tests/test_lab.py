@@ -59,7 +59,9 @@ def _wait_gone(lab: runner.Lab, node: str, prefix: str, timeout: float = 20) -> 
 
 @pytest.fixture(scope="module")
 def lab3(tmp_path_factory):
-    lab = runner.up(LAB / "cats3.clab.yml", tmp_path_factory.mktemp("lab3"), tag=netns.lab_tag())
+    # not netns.lab_tag() (c<pid>): the CLI test below brings up a lab under that tag
+    tag = f"t{os.getpid()}"
+    lab = runner.up(LAB / "cats3.clab.yml", tmp_path_factory.mktemp("lab3"), tag=tag)
     try:
         yield lab
     finally:
