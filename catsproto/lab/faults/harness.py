@@ -298,26 +298,25 @@ class ChaosLab:
         )
         return at
 
-    def pids_in_group(self, pgid: int, needle: str) -> list[int]:
+    def pids_with(self, *needles: str) -> list[int]:
+        """PIDs whose command line contains every needle."""
         out = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if int(fields[2]) == pgid and needle in cmd:
+            if all(n in cmd for n in needles):
                 out.append(int(entry))
         return out
 
     def receive_process_pid(self) -> int | None:
-        pids = self.pids_in_group(
-            self.process(RECEIVER, "exabgp").pid, "catsproto.adapters.exabgp_receive"
-        )
+        """The receiver's ExaBGP API process (its RIB, the selector's view)."""
+        out = str(self.lab.node_dir(RECEIVER) / "rib")
+        pids = self.pids_with("catsproto.adapters.exabgp_receive", out)
         return pids[0] if pids else None
 
     # ---- links -------------------------------------------------------------------------
