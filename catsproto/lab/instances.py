@@ -51,6 +51,9 @@ from catsproto.wire import Tier
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BLOCK_TOKENS = 512
 PATH_MARGIN_HOPS = 8  # AS_PATH room for this many ASes on the way to the selector
+# BIRD 2.0 sends no UPDATE that would leave less than 1,000 bytes of the message free
+# (docs/interop.md): values bigger than the budget minus this never cross a BIRD transit.
+BIRD_RESERVE = 1000
 # Lab-only keying secret for block keys (public on purpose: anyone can run the demo).
 DEMO_SECRET = b"catsproto-lab-demo-secret-000001"
 DEMO_PROMPT_BLOCKS = 24
@@ -115,7 +118,9 @@ def instance_routes(
         wire.CacheModel(MODEL, BLOCK_TOKENS, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
     ]
     other = len(finish(wire.Advertisement.build(*shard_base), spec.csci))
-    budget = attribute_value_budget(max_message, as_path_hops=PATH_MARGIN_HOPS) - other
+    budget = (
+        attribute_value_budget(max_message, as_path_hops=PATH_MARGIN_HOPS) - other - BIRD_RESERVE
+    )
     for shard in build_shards(keys, budget, target_fpr):
         entry = wire.SummaryEntry(
             tier=wire.Tier.HBM,
@@ -261,6 +266,7 @@ class ServedInstance:
                     site_id=spec.site_id,
                     max_message_bytes=max_message,
                     as_path_hops=PATH_MARGIN_HOPS,
+                    reserve_bytes=384 + BIRD_RESERVE,  # signature, delegation; BIRD
                     shard_range=str(spec.shards),
                     # every update a snapshot: the receiver's rib.json (latest value per
                     # route) must stand alone for the selectors that read it
