@@ -14,6 +14,8 @@ from pathlib import Path
 from catsproto.lab.faults import crash, hostile, link, load, selector_restart, storm, transit
 from catsproto.lab.faults.harness import Result
 
+__all__ = ["SCENARIOS", "Result", "run_all", "run_one", "table"]
+
 Scenario = Callable[..., Result]
 
 SCENARIOS: dict[str, tuple[str, Scenario]] = {

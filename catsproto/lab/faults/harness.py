@@ -212,7 +212,20 @@ class ChaosLab:
         return frozenset((r["peer"], r["prefix"], r["value"]) for r in self.routes())
 
     def events(self) -> list[dict[str, Any]]:
-        return self.lab.events(RECEIVER)
+        """The receiver's events.jsonl, without a line still being written (runner's
+        `Lab.events` raises on that half line)."""
+        try:
+            text = (self.lab.node_dir(RECEIVER) / "rib" / "events.jsonl").read_text()
+        except OSError:
+            return []
+        out = []
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    break  # the line being appended: read it next time
+        return out
 
     def origins(self, peer: str | None = None) -> set[str]:
         return {r["origin"] for r in self.routes() if peer is None or r["peer"] == peer}

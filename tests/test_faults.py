@@ -1,0 +1,39 @@
+"""The fault, churn and hostile-peer campaign (issue 11) against the real lab daemons.
+
+Each scenario of `catsproto.lab.faults` is one test: it brings the chaos lab up in
+namespaces (ExaBGP, FRR, BIRD), injects its fault, prints its figures and asserts its
+checks. Durations are scaled down from the issue's minute-long runs (storm 10 s, hostile
+traffic 8 s at 100 UPDATEs/s, load 8 s at 1,000 requests/s); `catsproto chaos --full` runs
+the minute-long versions. Needs root: under CI=true these always run (and fail loudly
+without root); elsewhere, without root, they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from catsproto.lab.faults import campaign
+
+if os.geteuid() != 0 and os.environ.get("CI") != "true":
+    pytestmark = pytest.mark.skip(reason="lab tests need root (network namespaces, FRR, BIRD)")
+
+
+@pytest.mark.parametrize("name", list(campaign.SCENARIOS))
+def test_scenario(name, tmp_path):
+    result = campaign.run_one(name, tmp_path)
+    print(json.dumps(result.to_json(), indent=1, default=str))
+    print(campaign.table([result]))
+    assert not result.error, result.error + "\n" + "\n".join(result.notes)
+    assert result.checks, "a scenario must check something"
+    assert result.passed, f"failed checks: {result.failed_checks()}; figures {result.figures}"
+
+
+def test_table_format():
+    ok = campaign.Result("crash", "instance crash", [("x", True)], "detection", 0.25, 0)
+    bad = campaign.Result("hostile", "hostile peer", [("y", False)], rejected={"malformed": 3})
+    text = campaign.table([ok, bad])
+    assert "| 1 | instance crash | pass | detection 0.25 s | 0 | - |" in text
+    assert "| 6 | hostile peer | FAIL (y) | - | - | malformed 3 |" in text
