@@ -123,7 +123,26 @@ def test_frame_round_trip_whole_and_byte_by_byte(frame) -> None:
     out = []
     for i in range(len(raw)):
         out += reader.feed(raw[i : i + 1])
-    assert [f for _, f in out] == [frame]
+    if isinstance(frame, Data):  # DATA comes out in pieces as it arrives, views of the input
+        assert all(at == 0 and isinstance(f, Data) for at, f in out)
+        assert b"".join(f.chunk for _, f in out) == frame.chunk and len(out) == len(frame.chunk)
+    else:
+        assert [f for _, f in out] == [frame]
+
+
+def test_data_pieces_carry_their_frame_offset_and_stop_at_the_frame_end() -> None:
+    raw = encode(Done(1, 0)) + encode(Data(b"abcdefgh")) + encode(Done(2, 0))
+    reader = FrameReader()
+    out = reader.feed(raw[:25]) + reader.feed(raw[25:])  # cut inside the DATA body
+    first = len(encode(Done(1, 0)))
+    assert [(at, type(f).__name__) for at, f in out] == [
+        (0, "Done"),
+        (first, "Data"),
+        (first, "Data"),
+        (first + 13, "Done"),
+    ]
+    assert b"".join(bytes(f.chunk) for _, f in out[1:3]) == b"abcdefgh"
+    assert reader.received == len(raw)
 
 
 FIXED = [f for f in FRAMES if not isinstance(f, Data | Cancel | Refuse)]

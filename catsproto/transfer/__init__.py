@@ -3,7 +3,7 @@
 Strategy: like h11, this package speaks the protocol and does no IO. A `Puller` names a
 prefix of block keys and turns the holder's bytes into events; a `Holder` turns a pull
 into paced bytes, looking blocks up only when their turn comes. Every block travels
-with a BLAKE2b-256 digest over its key and payload (`content`), checked before the block
+with a SHA-256 digest over its key and payload (`content`), checked before the block
 is staged; only a completed run is handed out (`Completed.blocks`), so a transfer that
 is cut, tampered with or refused admits nothing it has not verified, and
 `resume_state()` lets a new pull continue from the first missing block. Pacing is a

@@ -151,7 +151,7 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """Header of block `index`: its key, payload size and BLAKE2b-256 content digest."""
+    """Header of block `index`: its key, payload size and SHA-256 content digest."""
 
     TYPE: ClassVar[FrameType] = FrameType.BLOCK
     index: int
@@ -292,46 +292,69 @@ def encode_data(chunk: bytes | memoryview) -> list[bytes | memoryview]:
 
 
 class FrameReader:
-    """Bytes in (any split), whole frames out. Keeps the stream offset for errors."""
+    """Bytes in (any split), whole frames out, except DATA, which comes out in *pieces*.
+
+    A DATA body is handed on as it arrives, as `Data` frames whose chunks are zero-copy
+    views of the bytes fed in (so a 256 KiB chunk split over sixteen TLS records costs
+    no reassembly copy); the pieces of one DATA frame add up to its length exactly.
+    Every other frame is returned whole. Offsets in errors count from the first byte
+    ever fed.
+    """
 
     def __init__(self, max_body: int = MAX_BODY) -> None:
-        self._buf = bytearray()
-        self._start = 0  # stream offset of _buf[0]
+        self._pending = bytearray()  # a partial header or non-DATA frame
+        self._data_left = 0  # body bytes of the current DATA frame still to come
+        self._frame_at = 0  # stream offset of the frame being read
+        self.received = 0  # bytes fed so far
         self.max_body = max_body
 
-    @property
-    def offset(self) -> int:
-        """Stream offset of the first byte not yet returned as part of a frame."""
-        return self._start
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def feed(self, data: bytes | memoryview) -> list[tuple[int, AnyFrame]]:
-        """Append `data`; return every frame now complete as (stream offset, frame)."""
-        self._buf += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, AnyFrame]]:
+        """Feed `data`; return every frame (or DATA piece) now complete, each with the
+        stream offset of its frame. Views into `data` are returned, so a caller that
+        reuses its buffer must pass a copy (bytes are kept as they are)."""
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        mv = memoryview(data)
         out: list[tuple[int, AnyFrame]] = []
-        pos = 0
-        buf = self._buf
-        while len(buf) - pos >= HEADER_LEN:
-            code, length = HEADER.unpack_from(buf, pos)
-            at = self._start + pos
-            cls = FRAME_TYPES.get(code)
-            if cls is None:
-                raise FrameError(f"unknown frame type {code}", at)
-            if length > self.max_body:
-                raise FrameError(f"length {length} over the limit of {self.max_body}", at, code)
-            if len(buf) - pos - HEADER_LEN < length:
-                break
-            body = bytes(buf[pos + HEADER_LEN : pos + HEADER_LEN + length])
-            try:
-                frame = cls.decode_body(body)
-            except FrameError as exc:
-                raise exc.located(at, code) from None
-            out.append((at, frame))
-            pos += HEADER_LEN + length
-        if pos:
-            del buf[:pos]
-            self._start += pos
+        pos, end, pending = 0, len(data), self._pending
+        while pos < end:
+            if self._data_left:
+                n = min(self._data_left, end - pos)
+                out.append((self._frame_at, Data(mv[pos : pos + n])))
+                pos += n
+                self._data_left -= n
+                continue
+            if len(pending) < HEADER_LEN:
+                take = min(HEADER_LEN - len(pending), end - pos)
+                pending += mv[pos : pos + take]
+                pos += take
+                if len(pending) < HEADER_LEN:
+                    break
+                self._frame_at = self.received + pos - HEADER_LEN
+                code, length = HEADER.unpack_from(pending)
+                if code not in FRAME_TYPES:
+                    raise FrameError(f"unknown frame type {code}", self._frame_at)
+                if length > self.max_body:
+                    raise FrameError(
+                        f"length {length} over the limit of {self.max_body}", self._frame_at, code
+                    )
+                if code == FrameType.DATA:
+                    if length == 0:
+                        raise FrameError("data: empty chunk", self._frame_at, code)
+                    pending.clear()
+                    self._data_left = length
+                    continue
+            code, length = HEADER.unpack_from(pending)
+            take = min(length - (len(pending) - HEADER_LEN), end - pos)
+            pending += mv[pos : pos + take]
+            pos += take
+            if len(pending) - HEADER_LEN == length:
+                body = bytes(pending[HEADER_LEN:])
+                pending.clear()
+                try:
+                    frame = FRAME_TYPES[code].decode_body(body)
+                except FrameError as exc:
+                    raise exc.located(self._frame_at, code) from None
+                out.append((self._frame_at, frame))
+        self.received += end
         return out

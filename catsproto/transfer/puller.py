@@ -126,7 +126,7 @@ PullerEvent = Accepted | BlockVerified | Completed | Cancelled
 class _Current:
     header: Block
     received: int = 0
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes | memoryview] = field(default_factory=list)
     hasher: object = None
 
 
@@ -205,7 +205,7 @@ class Puller:
         """The holder closed the stream. Raises `TruncatedTransferError` unless it ended."""
         if self.state in (PullerState.COMPLETE, PullerState.CANCELLED, PullerState.FAILED):
             return
-        at = self._reader.offset + self._reader.buffered
+        at = self._reader.received
         where = ""
         if self._current is not None:
             h = self._current.header
@@ -313,9 +313,8 @@ class Puller:
             raise ProtocolViolationError(
                 f"block {cur.header.index}: {cur.received + n} bytes, announced {cur.header.size}"
             )
-        chunk = bytes(d.chunk)
-        cur.parts.append(chunk)
-        cur.hasher.update(chunk)  # type: ignore[attr-defined]
+        cur.parts.append(d.chunk)  # a view of the bytes fed in: joined once, at the end
+        cur.hasher.update(d.chunk)  # type: ignore[attr-defined]
         cur.received += n
         if cur.received == cur.header.size:
             self._finish_block(events)
@@ -328,7 +327,7 @@ class Puller:
             raise DigestMismatchError(
                 f"block {h.index} (key {h.key:016x}): digest does not match its payload"
             )
-        payload = cur.parts[0] if len(cur.parts) == 1 else b"".join(cur.parts)
+        payload = b"".join(cur.parts)
         self._blocks.append(StoredBlock(h.key, payload, h.digest))
         self._current = None
         self.state = PullerState.STREAMING
