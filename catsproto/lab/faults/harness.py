@@ -369,7 +369,7 @@ class ChaosLab:
 
 
 def _drops(text: str) -> int:
-    words = text.replace(",", " ").split()
+    words = text.replace(",", " ").replace("(", " ").split()
     return sum(int(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "dropped")
 
 
