@@ -9,7 +9,7 @@ in part, by a few instances. Measured in one run:
 - `baseline`: the straightforward way — for every instance, probe its summary with all
   128 keys, take the leading run, compute the same TTFT estimate — one Python loop.
 
-    python benchmarks/selector.py [--instances 1000] [--blocks 100000] [--curve]
+    python benchmarks/selector.py [--instances 1000] [--blocks 100000] [--curve]   # JSON lines
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-import sys
 import time
 
 import numpy as np
@@ -164,18 +163,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--curve", action="store_true", help="also 10 -> 10,000 instances")
     args = parser.parse_args()
-    result = {
-        "benchmark": "selector",
-        "headline": run(args.instances, args.blocks, args.seconds, True),
-    }
-    if args.curve:
-        result["curve"] = []
-        for n in (10, 100, 1000, 10_000):
-            print(f"curve: {n} instances", file=sys.stderr)
+    headline = run(args.instances, args.blocks, args.seconds, True)
+    print(json.dumps({"benchmark": "selector", "headline": headline}), flush=True)
+    if args.curve:  # one JSON line per fleet size, printed as it completes
+        for n in (10, 100, 1000, 3000):
             r = run(n, 10_000, args.seconds / 2, baseline=n <= 1000)
-            result["curve"].append(r)
-    print(json.dumps(result, indent=2))
-
+            print(json.dumps({"benchmark": "selector", "curve": r}), flush=True)
 
 if __name__ == "__main__":
     main()
