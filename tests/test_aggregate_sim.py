@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from catsproto.adapters.trace import load_scenario, read_trace
 from catsproto.keys import BlockKeyer
 from catsproto.sim import POLICIES, PreparedTrace, Scenario, run_policy
-from catsproto.sim.aggregate import AggregatedControlPlane, AggregatedPolicy, register
+from catsproto.sim.aggregate import AggregatedControlPlane, AggregatedPolicy, register, unregister
 
 TRACE_FILE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
@@ -21,8 +23,14 @@ def _trace(sc: Scenario, limit: int) -> PreparedTrace:
     return PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
 
 
-def test_registered_without_touching_defaults() -> None:
+@pytest.fixture(autouse=True)
+def _registered():
     register()
+    yield
+    unregister()
+
+
+def test_registered_without_touching_defaults() -> None:
     assert POLICIES["catsproto-agg"] is AggregatedPolicy
     assert list(POLICIES)[:7] == [
         "random",
@@ -33,6 +41,9 @@ def test_registered_without_touching_defaults() -> None:
         "catsproto",
         "oracle",
     ]
+    unregister()
+    assert "catsproto-agg" not in POLICIES
+    register()
 
 
 def test_aggregated_run_keeps_instances_home_and_steers_through_sites() -> None:

@@ -14,10 +14,10 @@ instances' full state (a local RIB fed by the same instance routes) and picks th
 instance. Handed-over decisions carry no claimed prefix (-1) into the engine's stale /
 false-positive accounting, which compares against the ingress selector's views.
 
-Registered policies (`register()`): ``catsproto-agg`` (the site advertises at the
-instances' update interval) and ``catsproto-agg10`` (at 10 s, the setting that meets
-the traffic target in benchmarks/scale.py). Not imported by `catsproto.sim` by default,
-so the existing policy list and its runs are unchanged.
+Policies, added to `sim.POLICIES` only by an explicit `register()`: ``catsproto-agg``
+(the site advertises at the instances' update interval) and ``catsproto-agg10``
+(at 10 s, closest to the traffic target in benchmarks/scale.py). Nothing registers
+them by default, so `catsproto eval`'s policy list and its runs are unchanged.
 """
 
 from __future__ import annotations
@@ -263,4 +263,7 @@ def register() -> None:
     POLICIES.setdefault(AggregatedPolicy10.name, AggregatedPolicy10)
 
 
-register()
+def unregister() -> None:
+    """Take them out again (tests that must leave the default policy list as it was)."""
+    for name in (AggregatedPolicy.name, AggregatedPolicy10.name):
+        POLICIES.pop(name, None)
