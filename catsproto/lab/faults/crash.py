@@ -32,7 +32,7 @@ def run(root: Path, *, full: bool = False) -> Result:
             steer.wait_choice(I1, 10)
             time.sleep(1.0)
             killed_at = lab.kill9("s1", "feeder-i1")
-            lab.kill9("s1", "exabgp")
+            lab.kill9_exabgp("s1")
             lab.wait_for(lambda: I1 not in lab.origins(), HOLD_TIME_S + 5, "i1 gone")
             time.sleep(3.0 if full else 1.5)
         finally:

@@ -283,6 +283,16 @@ class ChaosLab:
         self.lab.handle.stop(proc, timeout=2)  # reap and forget
         return at
 
+    def kill9_exabgp(self, node: str) -> float:
+        """SIGKILL ExaBGP and its API processes: ExaBGP starts those in process groups of
+        their own, so killing its group alone would leave them polling the spool."""
+        helpers = self.pids_with("catsproto.adapters.exabgp_", str(self.lab.node_dir(node)))
+        at = self.kill9(node, "exabgp")
+        for pid in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return at
+
     def restart_exabgp(self, node: str) -> float:
         d = self.lab.node_dir(node)
         at = time.time()
