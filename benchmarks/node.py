@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from catsproto import wire
 from catsproto.adapters.instance import MEDIUM_OF_TIER, mooncake_tokens
+from catsproto.adapters.trace import find_trace
 from catsproto.adapters.vllm_events import (
     decode_payload,
     encode_payload,
@@ -44,7 +44,7 @@ from catsproto.node import (
 )
 from catsproto.wire import Tier
 
-TRACE = Path("/work/shared/traces/mooncake-conversation.jsonl")
+TRACE = find_trace()
 SECRET = b"benchmark-secret-0123456789abcdef"
 
 

@@ -39,6 +39,7 @@ from pathlib import Path as FilePath
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.trace import find_trace
 from catsproto.node import (
     AdvertisementBuilder,
     BuilderConfig,
@@ -52,9 +53,7 @@ from catsproto.security import Policy, Receiver, SigningKey, TrustStore, authori
 from catsproto.selector import RIB, Network, Path, PathSelector, Request, SelectorConfig
 from catsproto.wire import Origin, Tier
 
-TRACE = (
-    FilePath(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
-)
+TRACE = find_trace()
 HBM_BLOCKS = 1000
 PREFILL_TPS = 20_000.0
 POOL = 16

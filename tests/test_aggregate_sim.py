@@ -3,18 +3,14 @@ routes stay in their site, site aggregates travel, remote decisions hand over.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from catsproto.adapters.trace import load_scenario, read_trace
+from catsproto.adapters.trace import find_trace, load_scenario, read_trace
 from catsproto.keys import BlockKeyer
 from catsproto.sim import POLICIES, PreparedTrace, Scenario, run_policy
 from catsproto.sim.aggregate import AggregatedControlPlane, AggregatedPolicy, register, unregister
 
-TRACE_FILE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
-)
+TRACE_FILE = find_trace()
 
 
 def _trace(sc: Scenario, limit: int) -> PreparedTrace:

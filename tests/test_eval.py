@@ -8,9 +8,14 @@ import pytest
 
 from catsproto import cli
 from catsproto.adapters.report import raw_event_bytes
-from catsproto.adapters.trace import TraceFormatError, parse_trace_line, read_trace
+from catsproto.adapters.trace import (
+    TraceFormatError,
+    find_trace,
+    parse_trace_line,
+    read_trace,
+)
 
-TRACE = "/work/shared/traces/mooncake-conversation.jsonl"
+TRACE = str(find_trace())
 
 
 def test_eval_report(tmp_path, capsys):

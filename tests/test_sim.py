@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from catsproto.adapters.trace import load_scenario, read_trace
+from catsproto.adapters.trace import find_trace, load_scenario, read_trace
 from catsproto.keys import BlockKeyer
 from catsproto.sim import (
     Cluster,
@@ -30,7 +30,7 @@ from catsproto.sim import (
 )
 from catsproto.wire import Tier
 
-TRACE_FILE = "/work/shared/traces/mooncake-conversation.jsonl"
+TRACE_FILE = str(find_trace())
 
 HAND = [
     TraceRequest(0, 8, 1, (0, 2)),

@@ -8,15 +8,42 @@ JSON (by extension); the shipped ones live in ``catsproto/sim/scenarios/``.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from catsproto.sim.trace import TraceRequest
 
-__all__ = ["SCENARIO_DIR", "TraceFormatError", "load_scenario", "parse_trace_line", "read_trace"]
+__all__ = [
+    "MOONCAKE",
+    "SCENARIO_DIR",
+    "TraceFormatError",
+    "find_trace",
+    "load_scenario",
+    "parse_trace_line",
+    "read_trace",
+]
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "sim" / "scenarios"
+MOONCAKE = "mooncake-conversation.jsonl"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def find_trace(name: str = MOONCAKE) -> Path:
+    """Where a shared trace lives: $CATSPROTO_TRACES, then ../shared/traces beside the
+    checkout, then /work/shared/traces. Raises TraceFormatError naming every place tried."""
+    places = [
+        *([Path(os.environ["CATSPROTO_TRACES"])] if os.environ.get("CATSPROTO_TRACES") else []),
+        _REPO.parent / "shared" / "traces",
+        Path.cwd().parent / "shared" / "traces",
+        Path("/work/shared/traces"),
+    ]
+    for folder in places:
+        if (folder / name).is_file():
+            return folder / name
+    tried = ", ".join(str(p / name) for p in places)
+    raise TraceFormatError(f"trace {name} not found (tried {tried}; set CATSPROTO_TRACES)")
 
 
 class TraceFormatError(ValueError):

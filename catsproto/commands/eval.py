@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from catsproto.adapters.report import format_table, summary_rows, write_report
-from catsproto.adapters.trace import TraceFormatError, load_scenario, read_trace
+from catsproto.adapters.trace import TraceFormatError, find_trace, load_scenario, read_trace
 from catsproto.commands import UsageError
 from catsproto.keys import BlockKeyer
 from catsproto.sim import (
@@ -32,7 +32,6 @@ from catsproto.sim import (
     run_policy,
 )
 
-DEFAULT_TRACE = "../shared/traces/mooncake-conversation.jsonl"
 SWEEP_INTERVALS = (250, 1000, 4000, 16000)
 SWEEP_FPRS = (0.001, 0.01, 0.05, 0.2)
 
@@ -54,7 +53,10 @@ class _Bar:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="evaluate steering policies on a trace")
-    p.add_argument("--trace", default=DEFAULT_TRACE, help="JSONL trace (Mooncake fields)")
+    p.add_argument(
+        "--trace",
+        help="JSONL trace (Mooncake fields); default: the shared Mooncake conversation trace",
+    )
     p.add_argument("--scenario", default="s1", help="scenario file, or s1 / llama70b")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY")
     p.add_argument("--speedup", nargs="+", type=float, default=[1.0, 4.0])
@@ -85,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--speedup values must be > 0")
     try:
         base = _scenario(args.scenario, args.overrides)
+        if args.trace is None:
+            args.trace = str(find_trace())
         requests = read_trace(args.trace, args.limit)
     except (ScenarioError, TraceFormatError) as exc:
         raise UsageError(str(exc)) from None
