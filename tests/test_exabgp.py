@@ -161,6 +161,17 @@ def test_rib_accepts_withdraws_and_treats_malformed_as_withdraw_of_that_route_on
     assert rib.entries == {}
 
 
+@pytest.mark.parametrize("flags", ["0x40", "0x80", "0x00"])
+def test_rib_refuses_our_attribute_without_optional_and_transitive(flags):
+    rib = rx.CacheRib()
+    good = _update({"attribute-0xFF-0xE0": "0x" + _value().hex()}, [str(P1)])
+    assert rib.apply(rx.parse_message(good)[0], 1.0)[0].kind == "accept"
+    bad = _update({f"attribute-0xFF-{flags}": "0x" + _value().hex()}, [str(P1)])
+    (change,) = rib.apply(rx.parse_message(bad)[0], 2.0)
+    assert change.kind == "treat-as-withdraw" and "lack optional+transitive" in change.reason
+    assert rib.entries == {}
+
+
 def test_rib_verifier_refusal_is_treat_as_withdraw_and_session_down_clears_peer():
     rib = rx.CacheRib(
         verifier=lambda value, adv, prefix: (

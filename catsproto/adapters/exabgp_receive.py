@@ -253,6 +253,13 @@ class CacheRib:
         if event.value is None:
             had = self.entries.pop(key, None)
             return [Change("ignore", event.peer, event.prefix, had, "no cache attribute")]
+        wanted = wire.FLAG_OPTIONAL | wire.FLAG_TRANSITIVE
+        if event.flags is not None and event.flags & wanted != wanted:
+            return self._refuse(
+                key,
+                f"malformed: attribute flags {event.flags:#04x} "
+                f"lack optional+transitive ({wanted:#04x})",
+            )
         try:
             adv = wire.decode(event.value)
         except wire.CodecError as exc:

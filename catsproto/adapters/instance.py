@@ -451,6 +451,7 @@ class InstanceServer:
 def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # no delayed-ACK stall on keep-alive replies
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return

@@ -443,6 +443,8 @@ class SteeringServer:
 def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # keep-alive replies must not wait for the client's delayed ACK (~40 ms)
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             return
