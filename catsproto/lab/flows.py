@@ -23,15 +23,29 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from catsproto.adapters import netns
 from catsproto.adapters.steering import DEFAULT_PORT, SteeringConfig, post_json
+from catsproto.lab.errors import LabError
 from catsproto.lab.instances import BLOCK_TOKENS, DEMO_SECRET, INSTANCE_PORT, MODEL, demo_prompt
-from catsproto.lab.runner import Lab, LabError
 from catsproto.lab.steering import network_from_topology, rate_mbps
 from catsproto.lab.topology import Topology
 from catsproto.selector import Link
+
+
+class Lab(Protocol):
+    """What this module uses of a running `catsproto.lab.runner.Lab` (the runner calls
+    in here, so this side names the shape instead of importing the class)."""
+
+    topology: Topology
+    handle: Any
+    run_dir: Path
+
+    def rib_file(self, node: str) -> Path: ...
+    def node_dir(self, node: str) -> Path: ...
+    def wait_for(self, predicate: Any, timeout: float = ..., what: str = ...) -> Any: ...
+
 
 STEERING_PORT = DEFAULT_PORT
 

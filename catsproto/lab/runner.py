@@ -39,15 +39,12 @@ from pyroute2 import NetNS
 from catsproto.adapters import netns
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.lab import configs
+from catsproto.lab.errors import LabError
 from catsproto.lab.topology import Topology, load
 
 DEFAULT_ROOT = Path(os.environ.get("CATSPROTO_LAB_ROOT", "/run/catsproto"))
 FRR_RUN = Path("/var/run/frr")
 FRR_BIN = Path("/usr/lib/frr")
-
-
-class LabError(RuntimeError):
-    """The lab could not be built or a daemon did not come up."""
 
 
 def exabgp_binary() -> str:

@@ -9,6 +9,7 @@ not match its payload``.
 
 from __future__ import annotations
 
+from catsproto.transfer.codes import frame_name
 from catsproto.wire.errors import CodecError
 
 
@@ -28,8 +29,6 @@ class TransferError(CodecError):
         return self.tlv_type
 
     def __str__(self) -> str:
-        from catsproto.transfer.frames import frame_name
-
         where = []
         if self.tlv_type is not None:
             where.append(f"{frame_name(self.tlv_type)} frame")

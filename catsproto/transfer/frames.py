@@ -34,6 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from catsproto.transfer.codes import FrameType, frame_name
 from catsproto.transfer.errors import FrameError
 
 HEADER = struct.Struct(">BI")
@@ -41,24 +42,6 @@ HEADER_LEN = HEADER.size
 DIGEST_LEN = 32
 MAX_BODY = 1 << 20  # 1 MiB: DATA chunks are at most this; PULL carries at most ~131k keys
 MAX_KEYS = (MAX_BODY - 28) // 8
-
-
-class FrameType(enum.IntEnum):
-    PULL = 1
-    ACCEPT = 2
-    BLOCK = 3
-    DATA = 4
-    EVICTED = 5
-    DONE = 6
-    CANCEL = 7
-    REFUSE = 8
-
-
-def frame_name(code: int) -> str:
-    try:
-        return FrameType(code).name.lower()
-    except ValueError:
-        return f"unknown-{code}"
 
 
 class Code(enum.IntEnum):
