@@ -227,3 +227,67 @@ def test_embedded_loopback_speakers_to_receiver(tmp_path):
     finally:
         lab.down()
     assert not any(lab.handle.alive(p) for p in lab.handle.state.processes)
+
+
+def _state(peer: str, state: str, reason: str = "") -> dict:
+    neighbor = {"address": {"peer": peer}, "state": state, "reason": reason}
+    return {"type": "state", "neighbor": neighbor}
+
+
+def _eor(peer: str) -> dict:
+    return {
+        "type": "update",
+        "neighbor": {
+            "address": {"peer": peer},
+            "message": {"eor": {"afi": "ipv4", "safi": "unicast"}},
+        },
+    }
+
+
+def test_graceful_restart_keeps_routes_stale_until_end_of_rib():
+    rib = rx.CacheRib(restart_time=120)
+    a, b = _value(1, "10.101.0.11"), _value(1, "10.101.0.12")
+    for prefix, value in ((P1, a), (P2, b)):
+        (ev,) = rx.parse_message(
+            _update({"attribute-0xFF-0xE0": "0x" + value.hex()}, [str(prefix)])
+        )
+        rib.apply(ev, 1.0)
+    changes = rib.apply(rx.parse_message(_state(ev.peer, "down"))[0], 2.0)
+    assert [c.kind for c in changes] == ["session", "stale", "stale"]
+    assert len(rib.entries) == 2 and all(r["stale"] for r in rib.to_json()["routes"])
+    # the peer comes back and resends P1 only, then End-of-RIB: P2 goes, P1 is fresh again
+    (ev,) = rx.parse_message(_update({"attribute-0xFF-0xE0": "0x" + a.hex()}, [str(P1)]))
+    assert rib.apply(ev, 3.0)[0].kind == "accept"
+    (eor,) = rx.parse_message(_eor(ev.peer))
+    assert isinstance(eor, rx.EndOfRib)
+    (gone,) = rib.apply(eor, 4.0)
+    assert gone.kind == "withdraw" and gone.prefix == P2 and "EoR" in gone.reason
+    assert [r["prefix"] for r in rib.to_json()["routes"]] == [str(P1)]
+    assert not any(r["stale"] for r in rib.to_json()["routes"])
+
+
+def test_graceful_restart_time_runs_out_when_the_peer_never_returns():
+    rib = rx.CacheRib(restart_time=5)
+    (ev,) = rx.parse_message(_update({"attribute-0xFF-0xE0": "0x" + _value().hex()}, [str(P1)]))
+    rib.apply(ev, 1.0)
+    rib.apply(rx.parse_message(_state(ev.peer, "down"))[0], 2.0)
+    assert rib.expire(6.9) == [] and len(rib.entries) == 1
+    (gone,) = rib.expire(7.0)
+    assert gone.kind == "withdraw" and "expired" in gone.reason and rib.entries == {}
+
+
+def test_without_graceful_restart_a_session_down_withdraws_at_once():
+    rib = rx.CacheRib()
+    (ev,) = rx.parse_message(_update({"attribute-0xFF-0xE0": "0x" + _value().hex()}, [str(P1)]))
+    rib.apply(ev, 1.0)
+    kinds = [c.kind for c in rib.apply(rx.parse_message(_state(ev.peer, "down"))[0], 2.0)]
+    assert kinds == ["session", "withdraw"] and rib.entries == {}
+
+
+def test_graceful_restart_does_not_cover_an_expired_hold_timer():
+    rib = rx.CacheRib(restart_time=120)
+    (ev,) = rx.parse_message(_update({"attribute-0xFF-0xE0": "0x" + _value().hex()}, [str(P1)]))
+    rib.apply(ev, 1.0)
+    down = _state(ev.peer, "down", "notification sent (4,0)")  # as ExaBGP reports it
+    kinds = [c.kind for c in rib.apply(rx.parse_message(down)[0], 2.0)]
+    assert kinds == ["session", "withdraw"] and rib.entries == {}

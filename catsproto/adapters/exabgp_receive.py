@@ -57,12 +57,25 @@ class Withdrawn:
 
 
 @dataclasses.dataclass(frozen=True)
+class EndOfRib:
+    """The peer has sent everything it holds (RFC 4724): what it did not resend is gone."""
+
+    peer: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Session:
     peer: str
     state: str  # connected, up, down
+    reason: str = ""  # why it went down, as ExaBGP says
 
 
-Event = Announced | Withdrawn | Session
+Event = Announced | Withdrawn | EndOfRib | Session
+
+
+# NOTIFICATION error code 4 is Hold Timer Expired (RFC 4271 section 4.5); ExaBGP reports
+# "notification sent (4,0)" when its own hold timer ran out.
+_HOLD_TIMER = re.compile(r"hold timer|notification (sent|received) \(4,", re.IGNORECASE)
 
 
 def find_attribute(attributes: dict[str, Any], type_code: int) -> tuple[int, bytes] | None:
@@ -80,10 +93,13 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     neighbor = obj.get("neighbor") or {}
     peer = str((neighbor.get("address") or {}).get("peer", "?"))
     if obj.get("type") == "state":
-        return [Session(peer, str(neighbor.get("state", "?")))]
+        return [Session(peer, str(neighbor.get("state", "?")), str(neighbor.get("reason", "")))]
     if obj.get("type") != "update":
         return []
-    update = (neighbor.get("message") or {}).get("update") or {}
+    message = neighbor.get("message") or {}
+    if "eor" in message:
+        return [EndOfRib(peer)]
+    update = message.get("update") or {}
     events: list[Event] = []
     for routes in (update.get("withdraw") or {}).values():
         events.extend(Withdrawn(peer, ipaddress.ip_network(r["nlri"])) for r in routes)
@@ -212,7 +228,7 @@ class Entry:
 class Change:
     """What a RIB update did, for the sink: accepted, withdrawn, refused, session."""
 
-    kind: str  # accept | withdraw | treat-as-withdraw | ignore | session
+    kind: str  # accept | withdraw | treat-as-withdraw | stale | ignore | session
     peer: str
     prefix: Prefix | None = None
     entry: Entry | None = None
@@ -236,17 +252,54 @@ class CacheRib:
     verifier: Verifier | None = None
     entries: dict[tuple[str, Prefix], Entry] = dataclasses.field(default_factory=dict)
     sessions: dict[str, str] = dataclasses.field(default_factory=dict)
+    # RFC 4724 helper: seconds a restarting peer's routes are kept, marked stale; 0: none.
+    restart_time: float = 0.0
+    stale: dict[tuple[str, Prefix], float] = dataclasses.field(default_factory=dict)
 
     def apply(self, event: Event, now: float) -> list[Change]:
+        changes = self.expire(now)
         if isinstance(event, Session):
             self.sessions[event.peer] = event.state
-            changes = [Change("session", event.peer, reason=event.state)]
+            changes.append(Change("session", event.peer, reason=event.state))
             if event.state == "down":
+                # RFC 4724 covers a closed TCP session (a restart); a hold timer that
+                # expired means the peer is unreachable: withdraw (RFC 8538 not done).
+                helper = self.restart_time > 0 and not _HOLD_TIMER.search(event.reason)
                 for key in [k for k in self.entries if k[0] == event.peer]:
+                    if helper:  # graceful restart: keep, marked stale
+                        self.stale[key] = now + self.restart_time
+                        changes.append(
+                            Change(
+                                "stale",
+                                event.peer,
+                                key[1],
+                                self.entries[key],
+                                "session down, graceful restart",
+                            )
+                        )
+                        continue
                     del self.entries[key]
                     changes.append(Change("withdraw", event.peer, key[1], reason="session down"))
             return changes
+        if isinstance(event, EndOfRib):
+            return changes + self._drop_stale(lambda k: k[0] == event.peer, "not resent by EoR")
+        return changes + self._apply_route(event, now)
+
+    def expire(self, now: float) -> list[Change]:
+        """Drop stale routes whose restart time ran out (their peer never came back)."""
+        return self._drop_stale(lambda k: self.stale[k] <= now, "restart time expired")
+
+    def _drop_stale(self, which: Callable[[tuple[str, Prefix]], bool], why: str) -> list[Change]:
+        out = []
+        for key in [k for k in self.stale if which(k)]:
+            del self.stale[key]
+            had = self.entries.pop(key, None)
+            out.append(Change("withdraw", key[0], key[1], had, f"stale: {why}"))
+        return out
+
+    def _apply_route(self, event: Announced | Withdrawn, now: float) -> list[Change]:
         key = (event.peer, event.prefix)
+        self.stale.pop(key, None)  # resent or withdrawn: no longer stale
         if isinstance(event, Withdrawn):
             had = self.entries.pop(key, None)
             return [Change("withdraw", event.peer, event.prefix, had, "withdrawn")]
@@ -297,7 +350,10 @@ class CacheRib:
     def to_json(self) -> dict[str, Any]:
         return {
             "sessions": dict(self.sessions),
-            "routes": [e.to_json() for _, e in sorted(self.entries.items(), key=str)],
+            "routes": [
+                {**e.to_json(), "stale": k in self.stale}
+                for k, e in sorted(self.entries.items(), key=str)
+            ],
         }
 
 
@@ -366,8 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
     p.add_argument("--trust", help="trust file (catsproto.security); read when it changes")
     p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
+    p.add_argument(
+        "--graceful-restart",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep a downed peer's routes this long, marked stale, until its End-of-RIB "
+        "(RFC 4724; configure the same capability on the session)",
+    )
     args = p.parse_args(argv)
-    rib = CacheRib(verifier=TrustFileVerifier(args.trust) if args.trust else None)
+    rib = CacheRib(
+        verifier=TrustFileVerifier(args.trust) if args.trust else None,
+        restart_time=args.graceful_restart,
+    )
     sink = FileSink(args.out, rib)
     lines: Iterable[str] = sys.stdin
     if args.raw:

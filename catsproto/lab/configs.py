@@ -53,11 +53,17 @@ def exabgp_conf(
     (listen, connect) moves BGP off port 179 there."""
     n = topo.nodes[node]
     embedded = neighbors is not None
+    restart_peers: set[str] = set()  # peers that offer graceful restart too
     if neighbors is None:
         neighbors = [
             (str(nb.local.address.ip), str(nb.remote.address.ip), n.asn, nb.remote_asn)  # type: ignore[union-attr]
             for nb in topo.neighbors(node)
         ]
+        restart_peers = {
+            str(nb.remote.address.ip)  # type: ignore[union-attr]
+            for nb in topo.neighbors(node)
+            if topo.nodes[nb.remote.node].graceful_restart
+        }
     max_message = 65535 if n.extended_message else 4096
     lines = []
     if n.announce:
@@ -85,6 +91,9 @@ def exabgp_conf(
             "--trust",
             trust,
         ]
+        helper = n.restart_helper or n.graceful_restart
+        if helper:  # keep a restarting peer's routes, stale, until its EoR
+            argv += ["--graceful-restart", str(helper)]
         lines.append(f"process receive {{ run {shlex.join(argv)}; encoder json; }}")
     for i, (local, peer, local_as, peer_as) in enumerate(neighbors):
         body = [
@@ -100,8 +109,13 @@ def exabgp_conf(
             body += ["passive;", f"listen {listen};"]
         if connect:
             body.append(f"connect {connect};")
+        capabilities = []
         if not n.extended_message:
-            body.append("capability { extended-message disable; }")
+            capabilities.append("extended-message disable;")
+        if n.graceful_restart and peer in restart_peers:  # only where both ends offer it
+            capabilities.append(f"graceful-restart {n.graceful_restart};")
+        if capabilities:
+            body.append(f"capability {{ {' '.join(capabilities)} }}")
         stubs = [] if embedded else host_networks(topo, node)
         if stubs:
             routes = " ".join(f"route {net} next-hop self;" for net in stubs)
@@ -132,6 +146,8 @@ def frr_bgpd_conf(topo: Topology, node: str) -> str:
         " no bgp ebgp-requires-policy",
         " no bgp network import-check",
     ]
+    if n.graceful_restart:
+        out += [" bgp graceful-restart", f" bgp graceful-restart restart-time {n.graceful_restart}"]
     nbs = topo.neighbors(node)
     for nb in nbs:
         peer = nb.remote.address.ip  # type: ignore[union-attr]
@@ -164,6 +180,11 @@ def bird_conf(topo: Topology, node: str) -> str:
             "  hold time 9;",
             "  connect retry time 1;",
             "  enable extended messages on;",
+            *(
+                ["  graceful restart on;", f"  graceful restart time {n.graceful_restart};"]
+                if n.graceful_restart
+                else []
+            ),
             "  ipv4 { import all; export all; };",
             "}",
             "",

@@ -56,6 +56,8 @@ class Node:
     receive: bool = False
     extended_message: bool = True
     min_interval: float = 0.0
+    graceful_restart: int = 0  # RFC 4724 restart time (s) offered on its sessions; 0: off
+    restart_helper: int = 0  # receiver: keep a downed peer's routes this long, stale
     instances: tuple[InstanceSpec, ...] = ()
 
 
@@ -188,6 +190,8 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
         receive=_bool(labels.get("receive", False)),
         extended_message=_bool(labels.get("extended-message", True)),
         min_interval=float(labels.get("min-interval", 0.0)),
+        graceful_restart=int(labels.get("graceful-restart", 0)),
+        restart_helper=int(labels.get("restart-helper", 0)),
         instances=instances,
     )
 
