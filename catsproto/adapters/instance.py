@@ -33,12 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import zmq
 
 from catsproto import wire
+from catsproto.adapters.http import BackgroundHTTPServer
 from catsproto.adapters.metrics import (
     CONTENT_TYPE,
     HitCounter,
@@ -419,7 +420,7 @@ def route_json(route: RouteAdvertisement) -> dict[str, Any]:
     }
 
 
-class InstanceServer:
+class InstanceServer(BackgroundHTTPServer):
     """HTTP front of an engine and (optionally) its node agent."""
 
     def __init__(
@@ -427,22 +428,10 @@ class InstanceServer:
     ) -> None:
         self.engine = engine
         self.node = node
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> InstanceServer:
-        self._thread.start()
-        return self
+        super().__init__(_handler(self), host, port)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().close()
         if self.node is not None:
             self.node.close()
         self.engine.close()

@@ -45,13 +45,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.http import BackgroundHTTPServer
 from catsproto.keys import BlockKeyer
 from catsproto.selector import (
     RIB,
@@ -417,27 +418,12 @@ def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
 # ---- HTTP ---------------------------------------------------------------------------
 
 
-class SteeringServer:
+class SteeringServer(BackgroundHTTPServer):
     """The request API over HTTP (stdlib server, one thread per request)."""
 
     def __init__(self, service: SteeringService, host: str = "127.0.0.1", port: int = 0):
         self.service = service
-        self.httpd = ThreadingHTTPServer((host, port), _handler(service))
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> SteeringServer:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(_handler(service), host, port)
 
 
 def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:

@@ -319,40 +319,13 @@ class PathSelector:
             and total[order[1]] <= total[order[0]] + cfg.spread_ms
         ):
             order = self._spread(total, cfg.spread_ms)
-        best = self._estimate(
-            table,
-            slots,
-            int(order[0]),
-            request,
-            rtt,
-            upload,
-            queue,
-            cached,
-            expected,
-            fetch,
-            prefill,
-            total,
-            source_slot,
-        )
+        terms = (rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot)
+        best = self._estimate(table, slots, int(order[0]), request, terms)
         if not np.isfinite(best.total_ms):
             raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
         runner = None
         if len(order) > 1:
-            runner = self._estimate(
-                table,
-                slots,
-                int(order[1]),
-                request,
-                rtt,
-                upload,
-                queue,
-                cached,
-                expected,
-                fetch,
-                prefill,
-                total,
-                source_slot,
-            )
+            runner = self._estimate(table, slots, int(order[1]), request, terms)
         chosen_slot = int(slots[order[0]])
         tokens = best.prefill_ms / 1000 * tps[order[0]]
         pending[chosen_slot] += tokens
@@ -405,20 +378,14 @@ class PathSelector:
 
     def _estimate(
         self,
-        table,
-        slots,
-        i,
-        request,
-        rtt,
-        upload,
-        queue,
-        cached,
-        expected,
-        fetch,
-        prefill,
-        total,
-        source_slot,
+        table: ServiceTable,
+        slots: np.ndarray,
+        i: int,
+        request: Request,
+        terms: tuple[np.ndarray, ...],
     ) -> Estimate:
+        """The terms of candidate `i` (an index into `slots`), as an Estimate."""
+        rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot = terms
         inst = table.instances[int(slots[i])]
         assert inst is not None
         path = self._path(request.ingress, inst.site_id)
