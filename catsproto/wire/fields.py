@@ -45,9 +45,11 @@ class FieldCodec:
         return obj
 
 
-def _require(ok: bool, name: str, what: str) -> None:
+def _require(ok: bool, name: str, what: str | Callable[[], str]) -> None:
+    """Raise BadValueError naming the field unless `ok`. Pass `what` as a lambda when
+    building its text costs something: checks run on every record built."""
     if not ok:
-        raise BadValueError(f"{name} {what}")
+        raise BadValueError(f"{name} {what() if callable(what) else what}")
 
 
 class UInt(FieldCodec):
@@ -77,9 +79,9 @@ class UInt(FieldCodec):
         _require(
             isinstance(value, int) and not isinstance(value, bool),
             name,
-            f"must be an integer, not {type(value).__name__}",
+            lambda: f"must be an integer, not {type(value).__name__}",
         )
-        _require(self.lo <= value <= self.hi, name, f"{value} outside {self.lo}..{self.hi}")
+        _require(self.lo <= value <= self.hi, name, lambda: f"{value} outside {self.lo}..{self.hi}")
 
     def from_json(self, obj: JSON, name: str) -> int:
         self.check(obj, name)
@@ -111,7 +113,9 @@ class EnumCodec(FieldCodec):
 
     def check(self, value: Any, name: str) -> None:
         _require(
-            isinstance(value, self.enum_type), name, f"must be one of {self.names}, not {value!r}"
+            isinstance(value, self.enum_type),
+            name,
+            lambda: f"must be one of {self.names}, not {value!r}",
         )
 
     def to_json(self, value: enum.IntEnum) -> JSON:
@@ -170,7 +174,7 @@ class Float64(FieldCodec):
         _require(
             isinstance(value, float) and value == value and abs(value) != float("inf"),
             name,
-            f"must be a finite float, not {value!r}",
+            lambda: f"must be a finite float, not {value!r}",
         )
 
     def from_json(self, obj: JSON, name: str) -> float:
@@ -206,11 +210,13 @@ class Blob(FieldCodec):
         w.bytes(value)
 
     def check(self, value: Any, name: str) -> None:
-        _require(isinstance(value, bytes), name, f"must be bytes, not {type(value).__name__}")
+        _require(
+            isinstance(value, bytes), name, lambda: f"must be bytes, not {type(value).__name__}"
+        )
         _require(
             self.min_len <= len(value) <= self.max_len,
             name,
-            f"length {len(value)} outside {self.min_len}..{self.max_len}",
+            lambda: f"length {len(value)} outside {self.min_len}..{self.max_len}",
         )
 
     def to_json(self, value: bytes) -> JSON:
@@ -320,7 +326,9 @@ class Items(FieldCodec):
         _require(isinstance(value, tuple), name, "must be a tuple")
         _require(len(value) > 0, name, "must not be empty (omit the TLV instead)")
         for i, item in enumerate(value):
-            _require(isinstance(item, self.item), f"{name}[{i}]", f"must be {self.item.__name__}")
+            _require(
+                isinstance(item, self.item), f"{name}[{i}]", lambda: f"must be {self.item.__name__}"
+            )
 
     def to_json(self, value: tuple[Record, ...]) -> JSON:
         return [item.to_json() for item in value]
