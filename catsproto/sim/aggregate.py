@@ -29,16 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from catsproto import wire
-from catsproto.node import BuilderConfig, DampeningPolicy, TierSpec
+from catsproto.node import DampeningPolicy, TierSpec
 from catsproto.node.aggregate import SiteAggregator, SiteMember
 from catsproto.security import Policy as SecurityPolicy
-from catsproto.security import Receiver, SigningKey, authorise, sign
+from catsproto.security import Receiver, SigningKey, sign
 from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
 from catsproto.sim.cluster import Cluster, ceil_ms
-from catsproto.sim.control import _NOT_AFTER_MS, CS_ID, ControlPlane, _seed
+from catsproto.sim.control import CS_ID, ControlPlane, _seed, enrol
 from catsproto.sim.policies import POLICIES, CatsprotoPolicy, Choice
 from catsproto.sim.trace import PreparedTrace
-from catsproto.summary import KIND_EXACT
 
 __all__ = ["AggregateOptions", "AggregatedControlPlane", "AggregatedPolicy", "register"]
 
@@ -81,32 +80,17 @@ class AggregatedControlPlane(ControlPlane):
         for s in range(len(sc.sites)):
             key = SigningKey.from_seed(_seed(sc.seed, f"site-{s}"))
             address = site_address(s)
-            trust = trust.with_delegation(
-                authorise(
-                    operator,
-                    key.public.raw,
-                    cs_ids=[CS_ID],
-                    routes=[f"{address}/32", site_shards(s)],
-                    addresses=[f"{address}/32"],
-                    not_before_ms=0,
-                    not_after_ms=_NOT_AFTER_MS,
-                )
-            )
-            cfg = BuilderConfig(
-                cs_id=CS_ID,
-                address=address,
-                model_id=sc.model_id,
-                block_size=sc.block_tokens,
-                bytes_per_block=sc.bytes_per_block,
-                site_id=s + 1,
-                secret_id=1,
-                target_fpr=0.0 if self.exact else (opts.target_fpr or sc.target_fpr),
-                summary_kind=KIND_EXACT if self.exact else sc.summary_kind,
-                snapshot_every=sc.snapshot_every,
-                seed=sc.seed,
-                max_message_bytes=sc.max_message_bytes,
-                shard_range=site_shards(s),
-                dampening=dampening,
+            trust, cfg = enrol(
+                sc,
+                trust,
+                operator,
+                key,
+                address,
+                s,
+                site_shards(s),
+                dampening,
+                exact=self.exact,
+                target_fpr=opts.target_fpr,
             )
             tiers = [
                 TierSpec(

@@ -22,6 +22,7 @@ Keys and seeds are derived from the scenario's seed: the run is deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import ipaddress
@@ -47,6 +48,50 @@ __all__ = ["CS_ID", "ControlPlane", "ControlStats", "ingress_node"]
 
 CS_ID = 1
 _NOT_AFTER_MS = 1 << 62
+
+
+def enrol(
+    sc: Scenario,
+    trust: TrustStore,
+    operator: SigningKey,
+    key: SigningKey,
+    address: str,
+    site: int,
+    shards: str | None,
+    dampening: DampeningPolicy,
+    *,
+    exact: bool,
+    target_fpr: float | None = None,
+) -> tuple[TrustStore, BuilderConfig]:
+    """An origin (an instance, or a site's aggregate) joins the control plane: the
+    operator authorises its key for its /32 and shard range, and its builder's config."""
+    routes = [f"{address}/32"] + ([shards] if shards else [])
+    delegation = authorise(
+        operator,
+        key.public.raw,
+        cs_ids=[CS_ID],
+        routes=routes,
+        addresses=[f"{address}/32"],
+        not_before_ms=0,
+        not_after_ms=_NOT_AFTER_MS,
+    )
+    cfg = BuilderConfig(
+        cs_id=CS_ID,
+        address=address,
+        model_id=sc.model_id,
+        block_size=sc.block_tokens,
+        bytes_per_block=sc.bytes_per_block,
+        site_id=site + 1,
+        secret_id=1,
+        target_fpr=0.0 if exact else (target_fpr or sc.target_fpr),
+        summary_kind=KIND_EXACT if exact else sc.summary_kind,
+        snapshot_every=sc.snapshot_every,
+        seed=sc.seed,
+        max_message_bytes=sc.max_message_bytes,
+        shard_range=shards,
+        dampening=dampening,
+    )
+    return trust.with_delegation(delegation), cfg
 
 
 class MeasuredNetwork(Network):
@@ -107,35 +152,8 @@ class ControlPlane:
             address = f"10.{s + 1}.0.{j + 1}"
             shards = f"10.255.{i}.0/24" if sc.sharded else None
             key = SigningKey.from_seed(_seed(sc.seed, f"instance-{i}"))
-            routes = [f"{address}/32"] + ([shards] if shards else [])
-            trust = trust.with_delegation(
-                authorise(
-                    operator,
-                    key.public.raw,
-                    cs_ids=[CS_ID],
-                    routes=routes,
-                    addresses=[f"{address}/32"],
-                    not_before_ms=0,
-                    not_after_ms=_NOT_AFTER_MS,
-                )
-            )
-            cfg = BuilderConfig(
-                cs_id=CS_ID,
-                address=address,
-                model_id=sc.model_id,
-                block_size=sc.block_tokens,
-                bytes_per_block=sc.bytes_per_block,
-                site_id=s + 1,
-                secret_id=1,
-                target_fpr=0.0 if exact else sc.target_fpr,
-                summary_kind=KIND_EXACT if exact else sc.summary_kind,
-                snapshot_every=sc.snapshot_every,
-                seed=sc.seed,
-                hot_prefixes=sc.hot_prefixes,
-                max_message_bytes=sc.max_message_bytes,
-                shard_range=shards,
-                dampening=dampening,
-            )
+            trust, cfg = enrol(sc, trust, operator, key, address, s, shards, dampening, exact=exact)
+            cfg = dataclasses.replace(cfg, hot_prefixes=sc.hot_prefixes)
             self.keys.append(key)
             self.builders.append(AdvertisementBuilder(cfg, cluster.caches[i], epoch=1))
             self.address_index[ipaddress.ip_address(address)] = i
