@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from catsproto import wire
-from catsproto.commands import UsageError, bytes_from_input, read_input
+from catsproto.commands import UsageError, add_type_code, bytes_from_input, read_input
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
@@ -171,12 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="input is the whole path attribute (flags, type, length, value), not only its value",
     )
-    p.add_argument(
-        "--type-code",
-        type=int,
-        default=wire.DEFAULT_ATTRIBUTE_TYPE,
-        help="path attribute type code (default 255)",
-    )
+    add_type_code(p)
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.set_defaults(func=cmd_decode)
 
@@ -192,12 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the whole path attribute (flags, type, length, value)",
     )
-    p.add_argument(
-        "--type-code",
-        type=int,
-        default=wire.DEFAULT_ATTRIBUTE_TYPE,
-        help="path attribute type code (default 255)",
-    )
+    add_type_code(p)
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser(

@@ -7,11 +7,24 @@ finds the modules by listing this package, so adding a command touches no shared
 
 from __future__ import annotations
 
+import argparse
 import string
 import sys
 from pathlib import Path
 
+from catsproto.wire.codes import DEFAULT_ATTRIBUTE_TYPE
+
 _HEX = set(string.hexdigits + string.whitespace)
+
+
+def add_type_code(parser: argparse.ArgumentParser) -> None:
+    """The `--type-code` option every command that reads or writes the attribute takes."""
+    parser.add_argument(
+        "--type-code",
+        type=int,
+        default=DEFAULT_ATTRIBUTE_TYPE,
+        help=f"path attribute type code (default {DEFAULT_ATTRIBUTE_TYPE}, RFC 2042 development)",
+    )
 
 
 class UsageError(Exception):

@@ -26,7 +26,7 @@ from typing import Any
 
 from catsproto import wire
 from catsproto.adapters import pcap
-from catsproto.commands import UsageError
+from catsproto.commands import UsageError, add_type_code
 
 
 def _load_json(path: str, what: str) -> Any:
@@ -251,12 +251,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         help="group key file to open sealed cache sections (repeat for a standby key)",
     )
-    p.add_argument(
-        "--type-code",
-        type=int,
-        default=wire.DEFAULT_ATTRIBUTE_TYPE,
-        help="path attribute type code (default 255)",
-    )
+    add_type_code(p)
     p.add_argument("--follow", metavar="IFACE", help="capture live on this interface (tcpdump)")
     p.add_argument("--netns", metavar="NS", help="network namespace of --follow's interface")
     p.add_argument("--count", type=int, default=0, help="stop after this many advertisements")

@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from catsproto import wire
-from catsproto.commands import UsageError, bytes_from_input, read_input
+from catsproto.commands import UsageError, add_type_code, bytes_from_input, read_input
 from catsproto.security import commands
 
 
@@ -182,7 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="GROUP_KEY",
         help="encrypt the cache section for holders of this group key",
     )
-    p.add_argument("--type-code", type=int, default=wire.DEFAULT_ATTRIBUTE_TYPE)
+    add_type_code(p)
     p.set_defaults(func=cmd_sign)
 
     p = sub.add_parser(
@@ -195,7 +194,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-age-ms", type=int, default=120_000)
     p.add_argument("--max-future-ms", type=int, default=5_000)
     p.add_argument("--group-key", action="append", default=[], help="group key file(s)")
-    p.add_argument("--type-code", type=int, default=wire.DEFAULT_ATTRIBUTE_TYPE)
+    add_type_code(p)
     p.add_argument("--show", action="store_true", help="print the verified advertisement too")
     p.set_defaults(func=cmd_verify)
 
