@@ -35,7 +35,7 @@ for the chosen instance and the runner-up. Pure: `now_ms` and the seed come in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -406,7 +406,3 @@ class PathSelector:
             prefill_ms=float(prefill[i]),
             total_ms=float(total[i]),
         )
-
-
-def decide_many(selector: PathSelector, requests: Sequence[Request], now_ms: int) -> list[Decision]:
-    return [selector.decide(r, now_ms) for r in requests]
