@@ -1,121 +1,148 @@
-"""Which instances hold a block key: a lazily refreshed key → instance-bitmask index.
+"""Which instances hold a prompt's leading blocks: a walk down the prompt over cached masks.
 
 Strategy: a decision needs, for every instance, the longest run of the request's block
-keys found in that instance's summaries. Probing every instance for every key costs
-instances × blocks filter lookups. Instead the index keeps, per key it has seen, a
-Python-int bitmask over the service table's slots, stamped with the table generation
-it was computed at; a slot whose summaries changed since (its slot generation is newer)
-is re-probed for just those keys, in one vectorised call per slot. The walk down the
-prompt ANDs the masks and stops as soon as no instance is left: block keys are chained,
-so an instance holding block i almost always holds every block before it (the prefix
-property), and a run ends where the first key is missing.
+keys found in that instance's summaries. The walk keeps a Python-int bitmask of the
+instances still in the running and ANDs in, key by key, the mask of instances holding
+that key; it stops as soon as nobody is left. Block keys are chained, so an instance
+holding block i almost always holds every block before it (the prefix property): after
+the first key only the few holders of the prefix remain, and the rest of the prompt is
+asked of them alone.
+
+Masks come from the fleet probe (`fleet.py`), which answers a batch of keys for many
+instances in one vector pass, and are remembered per *chunk* of the prompt. The walk cuts
+the prompt into chunks by a rule that depends only on the position and the number of
+instances still running — a single key while more than `WIDE` are (the first key of a
+new prompt is asked of everyone, the rest of the chunk only of its holders), then
+`CHUNK` keys, then the rest of the prompt — so a prompt that recurs against unchanged
+state meets the same chunks. A chunk is named by its last key and length (chained keys:
+the last names all before it) and remembered with the set of slots its masks are valid
+for (its scope) and the table generation it was computed at. A later walk reuses it when
+its running set lies inside the scope, after re-probing only the slots whose summaries
+changed since; a chunk that nobody drops out of is crossed with one AND.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from catsproto.selector.fleet import FleetProbe
 from catsproto.selector.rib import ServiceTable
 
-CHUNK = 16  # keys refreshed together; a prefix usually ends within a few chunks
-SMALL = 8  # keys not yet indexed and this many candidates or fewer: probe them directly
+CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by then
+WIDE = 64  # more instances than this in the running: ask one key of them at a time
+
+
+@dataclass
+class _Chunk:
+    masks: list[int]
+    all_held: int  # AND of the masks: who holds the whole chunk
+    scope: int  # slots the masks are valid for
+    generation: int  # table generation they were computed at
 
 
 class KeyIndex:
-    def __init__(self, table: ServiceTable, max_keys: int = 1 << 20):
+    def __init__(self, table: ServiceTable, max_chunks: int = 1 << 16):
         self.table = table
-        self.max_keys = max_keys
-        self._mask: dict[int, int] = {}
-        self._gen: dict[int, int] = {}
-        self.probes = 0  # slot-probe calls made, for benchmarks and tests
-        self._sighted: set[int] = set()  # first keys of chunks probed directly once
+        self.fleet = FleetProbe(table)
+        self.max_chunks = max_chunks
+        self._chunks: dict[tuple[int, int], _Chunk] = {}
+        self.probes = 0  # fleet-probe calls made, for benchmarks and tests
+        self._slot_sets: dict[int, np.ndarray] = {}
 
-    def _worth_indexing(self, chunk: list[int]) -> bool:
-        """Index a chunk of a few holders' keys once it recurs: the first sighting is
-        probed directly (a one-off prompt costs few probes), the second is indexed."""
-        if chunk[0] in self._gen:
-            return True
-        if chunk[0] in self._sighted:
-            return True
-        if len(self._sighted) >= self.max_keys:
-            self._sighted.clear()
-        self._sighted.add(chunk[0])
-        return False
-
-    def _refresh(self, keys: list[int], arr: np.ndarray) -> list[int]:
-        """Masks of `keys`, re-probing the slots that changed since each was computed."""
-        table = self.table
-        gens = [self._gen.get(k, -1) for k in keys]
-        oldest = min(gens)
-        if oldest < table.generation:
-            n = len(table.instances)
-            changed = np.nonzero(table.slot_generation[:n] > oldest)[0]
-            masks = [self._mask.get(k, 0) for k in keys]
-            gen_arr = np.array(gens, dtype=np.int64)
-            for slot in changed.tolist():
-                need = gen_arr < table.slot_generation[slot]
-                inst = table.instances[slot]
-                bit = 1 << slot
-                if inst is None or not inst.tiers:
-                    held = np.zeros(len(keys), dtype=bool)
-                else:
-                    self.probes += 1
-                    held = np.zeros(len(keys), dtype=bool)
-                    held[need] = inst.lookup(arr[need]) > 0
-                for i in np.nonzero(need)[0].tolist():
-                    masks[i] = (masks[i] | bit) if held[i] else (masks[i] & ~bit)
-            if len(self._mask) + len(keys) > self.max_keys:
-                self._mask.clear()
-                self._gen.clear()
-            for k, m in zip(keys, masks, strict=True):
-                self._mask[k] = m
-                self._gen[k] = table.generation
-            return masks
-        return [self._mask[k] for k in keys]
-
-    def prefix_lengths(self, keys: np.ndarray, candidates: int) -> dict[int, int]:
-        """Slot → number of leading `keys` its summaries hold (only slots with ≥ 1),
-        among the slots set in the bitmask `candidates`."""
-        out: dict[int, int] = {}
+    def prefix_lengths(self, keys: np.ndarray, candidates: int) -> tuple[np.ndarray, np.ndarray]:
+        """The slots (among the bitmask `candidates`) whose summaries hold one or more
+        leading `keys`, and how many leading keys each holds: two int64 arrays."""
+        groups: list[tuple[int, int]] = []  # (bitmask of slots, their prefix length)
         running = candidates
         key_list = keys.tolist()
-        for start in range(0, len(key_list), CHUNK):
-            chunk = key_list[start : start + CHUNK]
-            arr = keys[start : start + CHUNK]
-            if start and running.bit_count() <= SMALL and not self._worth_indexing(chunk):
-                masks = self._direct(running, arr)
+        n = len(key_list)
+        pos = 0
+        while pos < n and running:
+            if running.bit_count() > WIDE:
+                end = pos + 1
+            elif pos <= 1:
+                end = min(n, pos + CHUNK)
             else:
-                masks = self._refresh(chunk, arr)
-            for offset, mask in enumerate(masks):
-                kept = running & mask
-                dropped = running & ~kept
-                if dropped and start + offset:
-                    for slot in _bits(dropped):
-                        out[slot] = start + offset
-                running = kept
-                if not running:
-                    return out
-        for slot in _bits(running):
-            out[slot] = len(key_list)
+                end = n
+            chunk = self._chunk(key_list, keys, pos, end, running)
+            if running & chunk.all_held != running:
+                for offset, mask in enumerate(chunk.masks):
+                    kept = running & mask
+                    if kept != running:
+                        if pos + offset:
+                            groups.append((running & ~kept, pos + offset))
+                        running = kept
+                        if not running:
+                            break
+            pos = end
+        if running:
+            groups.append((running, n))
+        if not groups:
+            return _EMPTY, _EMPTY
+        parts = [self._slots_of(mask) for mask, _ in groups]
+        lengths = np.repeat(
+            np.array([k for _, k in groups], dtype=np.int64), [len(p) for p in parts]
+        )
+        return np.concatenate(parts), lengths
+
+    def _chunk(
+        self, key_list: list[int], keys: np.ndarray, start: int, end: int, running: int
+    ) -> _Chunk:
+        table = self.table
+        name = (key_list[end - 1], end - start)
+        entry = self._chunks.get(name)
+        if entry is not None and entry.generation == table.generation:
+            if running & ~entry.scope == 0:
+                return entry
+            valid = entry.scope
+        elif entry is not None:
+            valid = entry.scope & ~self._changed_since(entry.generation)
+        else:
+            valid = 0
+        need = running & ~valid
+        if need:
+            held = self.fleet.held(keys[start:end], _slots_array(need))
+            self.probes += 1
+        else:
+            held = [0] * (end - start)
+        if entry is None:
+            masks = held
+        else:
+            masks = [(old & valid) | new for old, new in zip(entry.masks, held, strict=True)]
+        all_held = -1
+        for m in masks:
+            all_held &= m
+        fresh = _Chunk(masks, all_held, valid | need, table.generation)
+        if entry is None and len(self._chunks) >= self.max_chunks:
+            self._chunks.clear()
+        self._chunks[name] = fresh
+        return fresh
+
+    def _slots_of(self, mask: int) -> np.ndarray:
+        """The set bits of `mask` as slot numbers; the same holder sets recur, so the
+        answers are remembered."""
+        out = self._slot_sets.get(mask)
+        if out is None:
+            if len(self._slot_sets) >= 4096:
+                self._slot_sets.clear()
+            out = self._slot_sets[mask] = _slots_array(mask)
         return out
 
-    def _direct(self, slots: int, arr: np.ndarray) -> list[int]:
-        masks = [0] * len(arr)
-        for slot in _bits(slots):
-            inst = self.table.instances[slot]
-            if inst is None:
-                continue
-            self.probes += 1
-            held = inst.lookup(arr) > 0
-            for i in np.nonzero(held)[0].tolist():
-                masks[i] |= 1 << slot
-        return masks
+    def _changed_since(self, generation: int) -> int:
+        n = len(self.table.instances)
+        changed = self.table.slot_generation[:n] > generation
+        if not changed.any():
+            return 0
+        return int.from_bytes(np.packbits(changed, bitorder="little").tobytes(), "little")
 
 
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _slots_array(mask: int) -> np.ndarray:
+    if not mask:
+        return np.zeros(0, dtype=np.int64)
+    raw = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(raw, bitorder="little"))

@@ -138,6 +138,13 @@ class ServiceTable:
         self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
         self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
         self.metrics_version = grow(getattr(self, "metrics_version", None), np.int64, 0)
+        # what the cost model reads of a holder, mirrored from its Instance (`describe`)
+        self.fpr = grow(getattr(self, "fpr", None), np.float64, 0.0)
+        # blocks a run of hits loses to its expected false positives: p/(1-p), inf at p=1
+        self.fp_discount = grow(getattr(self, "fp_discount", None), np.float64, 0.0)
+        self.stale = grow(getattr(self, "stale", None), bool, False)
+        self.block_size = grow(getattr(self, "block_size", None), np.int64, 0)
+        self.hbm_only = grow(getattr(self, "hbm_only", None), bool, True)
 
     def slot_for(self, address: IPAddress, site_id: int) -> Instance:
         inst = self.by_address.get(address)
@@ -165,8 +172,18 @@ class ServiceTable:
         self.touch(inst)
         return inst
 
+    def describe(self, inst: Instance) -> None:
+        """Copy the instance's summary-derived figures into the per-slot arrays."""
+        slot = inst.slot
+        self.fpr[slot] = p = inst.fpr
+        self.fp_discount[slot] = p / (1 - p) if p < 1 else float("inf")
+        self.stale[slot] = inst.stale
+        self.block_size[slot] = inst.block_size
+        self.hbm_only[slot] = len(inst.tiers) == 1 and Tier.HBM in inst.tiers
+
     def touch(self, inst: Instance) -> None:
         """Record that `inst`'s summaries changed (the key index re-probes it)."""
+        self.describe(inst)
         self.generation += 1
         inst.generation = self.generation
         self.slot_generation[inst.slot] = self.generation
@@ -211,6 +228,7 @@ class RIB:
         model = adv.cache_model
         if model is not None:
             inst.block_size, inst.model_id = model.block_size, model.model_id
+            table.block_size[inst.slot] = model.block_size
         metrics_updated = self._metrics(table, inst, adv)
         outcomes = []
         changed = False

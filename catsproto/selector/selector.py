@@ -168,6 +168,20 @@ def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
     return total
 
 
+def _leaders(total: np.ndarray) -> list[int]:
+    """Indices of the best and the runner-up estimate (lowest index first among equals,
+    as a stable sort would give)."""
+    first = int(np.argmin(total))
+    if len(total) == 1:
+        return [first]
+    saved, total[first] = total[first], INF
+    second = int(np.argmin(total))
+    total[first] = saved
+    if second == first:  # every other estimate is infinite: the lowest other index
+        second = 1 if first == 0 else 0
+    return [first, second]
+
+
 def _mix64(x: int) -> int:
     """SplitMix64 finaliser: a well-spread 64-bit hash of an integer."""
     x &= 0xFFFFFFFFFFFFFFFF
@@ -190,6 +204,7 @@ class PathSelector:
         self._site_paths: dict[tuple[str, int], Path | None] = {}
         self._draws = 0
         self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
+        self._site_max_bw: dict[tuple[str, int], float] = {}
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -200,7 +215,7 @@ class PathSelector:
         return self._site_paths[key]
 
     def _site_vectors(
-        self, node: str, table: ServiceTable, slots: np.ndarray
+        self, node: str, table: ServiceTable, slots: slice | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """One-way delay and bottleneck bandwidth from `node` to each slot's site,
         recomputed only when the table's sites or the network changed."""
@@ -216,7 +231,13 @@ class PathSelector:
                 p = self._path(node, site) if site >= 0 else None
                 delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
             cached = self._site_cache[key] = (version, delay[inverse], bw[inverse])
+            self._site_max_bw[key] = float(bw.max()) if len(bw) else 1.0
         return cached[1][slots], cached[2][slots]
+
+    def _max_bandwidth(self, node: str, table: ServiceTable) -> float:
+        """The widest bottleneck from `node` to any site of the table (an upper bound)."""
+        self._site_vectors(node, table, slice(0, 0))
+        return self._site_max_bw[(node, table.cs_id)]
 
     def _pending_for(self, table: ServiceTable) -> np.ndarray:
         n = len(table.alive)
@@ -256,18 +277,21 @@ class PathSelector:
             raise NoInstanceError(f"no advertisement for CS-ID {request.cs_id}")
         n = len(table.instances)
         live = table.alive[:n] & (now_ms - table.heard_ms[:n] <= self.rib.hold_time_ms)
-        slots = np.nonzero(live)[0]
+        slots = np.flatnonzero(live)
         if len(slots) == 0:
             raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
+        # every slot live (the usual case): slices are views, no gathers
+        pick: slice | np.ndarray = slice(0, n) if len(slots) == n else slots
         pending = self._pending_for(table)
-        delay, bw = self._site_vectors(request.ingress, table, slots)
-        tps = table.prefill_tps[slots]
+        delay, bw = self._site_vectors(request.ingress, table, pick)
+        tps = table.prefill_tps[pick]
+        tokens = request.prompt_tokens
         rtt = 2 * delay
-        upload = request.prompt_tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
-        age_s = np.maximum(0, now_ms - table.metrics_ms[slots]) / 1000
-        drained = np.maximum(0.0, table.backlog_tokens[slots] - age_s * tps)
-        queue = (drained + cfg.peer_selectors * pending[slots]) / tps * 1000
-        prefill_full = request.prompt_tokens / tps * 1000
+        upload = tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
+        age_s = np.maximum(0, now_ms - table.metrics_ms[pick]) / 1000
+        drained = np.maximum(0.0, table.backlog_tokens[pick] - age_s * tps)
+        queue = (drained + cfg.peer_selectors * pending[pick]) / tps * 1000
+        prefill_full = tokens / tps * 1000
         base = rtt + upload + queue
         total = base + prefill_full
         fetch = np.zeros(len(slots))
@@ -282,55 +306,83 @@ class PathSelector:
         if len(slots) == len(table.by_address):
             candidates = table.live_mask
         else:  # some expired: leave them out
-            candidates = 0
-            for s in slots.tolist():
-                candidates |= 1 << s
+            candidates = int.from_bytes(np.packbits(live, bitorder="little").tobytes(), "little")
         keys = request.block_keys
-        position = np.full(n, -1, dtype=np.int64)
-        position[slots] = np.arange(len(slots))
         best_src: tuple[float, int, float, float] | None = None  # (-expected, slot, tok, fetch)
         if len(keys):
-            for slot, k in index.prefix_lengths(keys, candidates).items():
-                inst = table.instances[slot]
-                assert inst is not None
-                i = int(position[slot])
-                tiers = inst.prefix_tiers(keys[:k])
-                block = inst.block_size or cfg.default_block_size
-                p = inst.fpr
-                exp_blocks = max(0.0, k - p / (1 - p)) if p < 1 else 0.0
-                if inst.stale:
-                    exp_blocks *= cfg.stale_confidence
-                cached_tokens = min(request.prompt_tokens, exp_blocks * block)
-                cached[i], expected[i] = k, exp_blocks
-                fetch[i] = _tier_fetch_ms(inst, tiers)
-                prefill[i] = (request.prompt_tokens - cached_tokens) / tps[i] * 1000
-                total[i] = base[i] + fetch[i] + prefill[i]
-                cand = (-exp_blocks, slot, cached_tokens, fetch[i])
-                if best_src is None or cand < best_src:
-                    best_src = cand
-        if cfg.allow_remote_kv and best_src is not None and best_src[2] > 0:
-            self._consider_remote(
-                table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot
+            hs, ks = index.prefix_lengths(keys, candidates)
+            if len(hs):
+                best_src = self._score_holders(
+                    table, slots, pick, (hs, ks), request, base, tps,
+                    terms=(cached, expected, fetch, prefill, total),
+                )
+        order = _leaders(total)
+        if (
+            cfg.allow_remote_kv
+            and best_src is not None
+            and best_src[2] > 0
+            and self._consider_remote(
+                table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot,
+                order,
             )
-        order = np.argsort(total, kind="stable")[:2]
+        ):
+            order = _leaders(total)
         if (
             cfg.spread_ms > 0
             and len(order) > 1
             and total[order[1]] <= total[order[0]] + cfg.spread_ms
         ):
-            order = self._spread(total, cfg.spread_ms)
+            order = self._spread(total, cfg.spread_ms).tolist()
         terms = (rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot)
-        best = self._estimate(table, slots, int(order[0]), request, terms)
+        best = self._estimate(table, slots, order[0], request, terms)
         if not np.isfinite(best.total_ms):
             raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
         runner = None
         if len(order) > 1:
-            runner = self._estimate(table, slots, int(order[1]), request, terms)
+            runner = self._estimate(table, slots, order[1], request, terms)
         chosen_slot = int(slots[order[0]])
-        tokens = best.prefill_ms / 1000 * tps[order[0]]
-        pending[chosen_slot] += tokens
-        self._pending[table.cs_id].log[chosen_slot].append((now_ms, tokens))
+        work = best.prefill_ms / 1000 * tps[order[0]]
+        pending[chosen_slot] += work
+        self._pending[table.cs_id].log[chosen_slot].append((now_ms, work))
         return Decision(best, runner, len(slots))
+
+    def _score_holders(
+        self,
+        table: ServiceTable,
+        slots: np.ndarray,
+        pick: slice | np.ndarray,
+        held: tuple[np.ndarray, np.ndarray],
+        request: Request,
+        base: np.ndarray,
+        tps: np.ndarray,
+        terms: tuple[np.ndarray, ...],
+    ) -> tuple[float, int, float, float]:
+        """Price the cached prefix of every instance holding part of it, all at once;
+        return the best KV source as (-expected blocks, slot, cached tokens, fetch ms)."""
+        cached, expected, fetch, prefill, total = terms
+        cfg = self.config
+        hs, ks = held
+        idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
+        exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
+        stale = table.stale[hs]
+        if stale.any():
+            exp_blocks[stale] *= cfg.stale_confidence
+        block = table.block_size[hs]
+        if not block.all():
+            block = np.where(block > 0, block, cfg.default_block_size)
+        tokens = request.prompt_tokens
+        cached_tokens = np.minimum(tokens, exp_blocks * block)
+        fetch_h = np.zeros(len(hs))
+        for j in np.flatnonzero(~table.hbm_only[hs]).tolist():
+            inst = table.instances[int(hs[j])]
+            assert inst is not None
+            fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(request.block_keys[: ks[j]]))
+        prefill_h = (tokens - cached_tokens) / tps[idx] * 1000
+        cached[idx], expected[idx] = ks, exp_blocks
+        fetch[idx], prefill[idx] = fetch_h, prefill_h
+        total[idx] = base[idx] + fetch_h + prefill_h
+        j = int(np.lexsort((hs, -exp_blocks))[0])
+        return (-float(exp_blocks[j]), int(hs[j]), float(cached_tokens[j]), float(fetch_h[j]))
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
         """Power of two choices among the candidates within `margin` ms of the best."""
@@ -345,29 +397,38 @@ class PathSelector:
         return np.array([first, second])
 
     def _consider_remote(
-        self, table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot
-    ) -> None:
+        self, table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot,
+        leaders: list[int],
+    ) -> bool:
+        """Offer every instance the option of pulling the best source's prefix; True if
+        some estimate improved."""
         _, src_slot, cached_tokens, _ = best_src
         src = table.instances[src_slot]
         assert src is not None
         node = self.config.node_of(src.site_id)
-        delay, bw = self._site_vectors(node, table, slots)
         keys = request.block_keys
         block = src.block_size or self.config.default_block_size
         nblocks = int(np.ceil(cached_tokens / block))
-        tiers = src.prefix_tiers(keys[:nblocks])
-        tier_bw = min(
-            (src.tiers[Tier(c)].fetch_bandwidth_mbps for c in np.unique(tiers).tolist() if c),
-            default=INF,
-        )
+        if table.hbm_only[src_slot]:
+            codes = [int(Tier.HBM)] if nblocks else []
+        else:
+            codes = [c for c in np.unique(src.prefix_tiers(keys[:nblocks])).tolist() if c]
+        tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
         bpb = max((t.bytes_per_block for t in src.tiers.values()), default=0)
-        latency = max(
-            (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in np.unique(tiers).tolist() if c),
-            default=0.0,
-        )
+        latency = max((src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0)
+        remote_prefill = (request.prompt_tokens - cached_tokens) / tps * 1000
+        # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
+        # near-equal margin of the best): the two leaders and the spread stay as they are.
+        widest = min(self._max_bandwidth(node, table), tier_bw)
+        fastest = latency + nblocks * bpb * 8 / (widest * 1000)
+        if len(leaders) > 1:
+            first, second = total[leaders[0]], total[leaders[1]]
+            bar = max(float(second), float(first) + self.config.spread_ms)
+            if float((base + remote_prefill).min()) + fastest > bar:
+                return False
+        delay, bw = self._site_vectors(node, table, slots)
         link_bw = np.minimum(bw, tier_bw)
         pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
-        remote_prefill = (request.prompt_tokens - cached_tokens) / tps * 1000
         remote_total = base + pull + remote_prefill
         better = remote_total < total
         better[np.nonzero(slots == src_slot)[0]] = False
@@ -375,6 +436,7 @@ class PathSelector:
         fetch[better] = pull[better]
         prefill[better] = remote_prefill[better]
         source_slot[better] = src_slot
+        return bool(better.any())
 
     def _estimate(
         self,

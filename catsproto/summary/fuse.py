@@ -205,7 +205,9 @@ class FuseSummary(Summary):
             raise ValueError(f"seed {seed} is not a u64")
         if table.shape != (segments << seg_log2,):
             raise ValueError("table size does not match the geometry")
-        self._table = np.ascontiguousarray(table, dtype=np.uint32)
+        # Slot values are < m: the narrowest type that holds them (a byte at 1 % FPR).
+        dtype = np.uint8 if m <= 1 << 8 else np.uint16 if m <= 1 << 16 else np.uint32
+        self._table = np.ascontiguousarray(table, dtype=dtype)
         self._table.flags.writeable = False
         self.arity, self.seg_log2, self.segments = arity, seg_log2, segments
         self.m, self.g, self.b, self.seed = m, g, b, seed
@@ -214,6 +216,10 @@ class FuseSummary(Summary):
     @property
     def slots(self) -> int:
         return self.segments << self.seg_log2
+
+    def table_values(self) -> np.ndarray:
+        """The slot values (read-only), one per slot, in the narrowest unsigned type."""
+        return self._table
 
     # -- build -----------------------------------------------------------------------
     @classmethod

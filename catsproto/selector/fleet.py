@@ -1,0 +1,309 @@
+"""One probe answers a block key for every instance at once: the fleet's filters side by side.
+
+Strategy. The key index (`index.py`) needs, for a few keys, the set of instances whose
+summaries hold each of them. Asking every instance's summary in turn costs one numpy
+call per (instance, shard): tens of microseconds each, so a key never seen before cost
+over 100 ms against a thousand instances. Here every binary fuse filter of a service
+table is one *row* — its hash salts, geometry and alphabet in per-row arrays, its slot
+values copied into one shared buffer — so a probe of k keys against r rows is a single
+run of vector operations over the k × r (key, row) pairs whose shard range contains the
+key: the same hashing and gathers as `FuseSummary.contains_many`, with each row's
+parameters broadcast. Deltas on top of a fuse snapshot (`LayeredView`) add exact
+corrections, kept per key in two small dictionaries. Summaries of other kinds (exact
+sets, Bloom filters) and fuse filters with alphabets above 256 stay per-row objects and
+are asked one by one: the node prefers fuse filters for every set larger than a few
+dozen keys, so those rows are few and small.
+
+Rows are rebuilt lazily: a slot whose generation moved (`ServiceTable.touch`) gets new
+rows at the next probe, its old rows are marked dead, and the buffer is compacted when
+more than half of it is dead. Pure: no clocks, no IO.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from catsproto.summary.delta import LayeredView
+from catsproto.summary.fuse import FuseSummary
+from catsproto.summary.hashing import GOLDEN, mix64, mix64_int
+
+if TYPE_CHECKING:
+    from catsproto.selector.rib import ServiceTable
+
+_MASK64 = (1 << 64) - 1
+_U32 = np.uint64(0xFFFFFFFF)
+_S16 = np.uint64(16)
+_S32 = np.uint64(32)
+_S48 = np.uint64(48)
+_ROW_FIELDS = (
+    ("slot", np.int64),
+    ("tier", np.int64),
+    ("key_lo", np.uint64),
+    ("key_hi", np.uint64),
+    ("salt0", np.uint64),
+    ("salt1", np.uint64),
+    ("starts", np.uint64),  # segments - arity + 1
+    ("seg_log2", np.uint64),
+    ("seg_mask", np.uint64),
+    ("four", np.bool_),  # arity 4 (else 3)
+    ("m", np.uint64),
+    ("offset", np.int64),  # of the row's slot values in the buffer
+    ("fuse", np.bool_),  # vectorised row; else asked through `other`
+)
+
+
+def _salt(seed: int, stream: int) -> int:
+    return mix64_int((seed + (stream + 1) * GOLDEN) & _MASK64)
+
+
+class FleetProbe:
+    """Membership of block keys across all instances of one `ServiceTable`."""
+
+    def __init__(self, table: ServiceTable) -> None:
+        self.table = table
+        self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
+        self._rows = 0
+        self._buf = np.zeros(1, dtype=np.uint8)  # index 0 stays 0: arity-3 rows' 4th gather
+        self._used = 1
+        self._dead = 0
+        self._slot_rows: dict[int, range] = {}
+        self._built_gen = np.full(0, -1, dtype=np.int64)
+        self._slot_start = np.zeros(0, dtype=np.int64)  # rows of slot s: start..stop
+        self._slot_stop = np.zeros(0, dtype=np.int64)
+        self._other: dict[int, object] = {}  # row -> state with contains_many
+        self._added: dict[int, list[int]] = {}  # key -> rows whose delta added it
+        self._removed: dict[int, list[int]] = {}  # key -> rows whose delta removed it
+        self._row_corrections: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.rebuilds = 0  # slots whose rows were rebuilt, for tests and benchmarks
+        self.compactions = 0
+
+    # ---- keeping rows in step with the table --------------------------------------------
+
+    def sync(self) -> None:
+        """Rebuild the rows of every slot whose summaries changed since last built."""
+        table = self.table
+        n = len(table.instances)
+        if len(self._built_gen) < n:
+            grown = np.full(max(n, 2 * len(self._built_gen)), -1, dtype=np.int64)
+            grown[: len(self._built_gen)] = self._built_gen
+            self._built_gen = grown
+            for name in ("_slot_start", "_slot_stop"):
+                col = np.zeros(len(grown), dtype=np.int64)
+                col[: len(getattr(self, name))] = getattr(self, name)
+                setattr(self, name, col)
+        dirty = np.flatnonzero(table.slot_generation[:n] != self._built_gen[:n])
+        for slot in dirty.tolist():
+            self._drop_slot(slot)
+            self._add_slot(slot)
+            self._built_gen[slot] = table.slot_generation[slot]
+            self.rebuilds += 1
+        if self._dead > 4096 and self._dead * 2 > self._used:
+            self._compact()
+
+    def _drop_slot(self, slot: int) -> None:
+        rows = self._slot_rows.pop(slot, None)
+        if rows is None:
+            return
+        self._slot_start[slot] = self._slot_stop[slot] = 0
+        cols = self._cols
+        for r in rows:
+            if cols["fuse"][r]:
+                self._dead += int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
+            self._other.pop(r, None)
+            added, removed = self._row_corrections.pop(r, (None, None))
+            for keys, book in ((added, self._added), (removed, self._removed)):
+                for k in keys.tolist() if keys is not None else ():
+                    owners = book[k]
+                    owners.remove(r)
+                    if not owners:
+                        del book[k]
+        # dead rows never match: an empty key range
+        cols["key_lo"][rows.start : rows.stop] = 1
+        cols["key_hi"][rows.start : rows.stop] = 0
+
+    def _add_slot(self, slot: int) -> None:
+        inst = self.table.instances[slot]
+        if inst is None:
+            return
+        first = self._rows
+        for tier, state in inst.tiers.items():
+            for (lo, hi), receiver in state.shards.items():
+                summary = receiver.state
+                if summary is None:
+                    continue
+                self._add_row(slot, int(tier), lo, hi, summary)
+        self._slot_rows[slot] = range(first, self._rows)
+        self._slot_start[slot], self._slot_stop[slot] = first, self._rows
+
+    def _add_row(self, slot: int, tier: int, lo: int, hi: int, summary: object) -> None:
+        r = self._rows
+        if r == len(self._cols["slot"]):
+            size = max(64, 2 * r)
+            for name, col in self._cols.items():
+                grown = np.zeros(size, dtype=col.dtype)
+                grown[:r] = col
+                self._cols[name] = grown
+        cols = self._cols
+        cols["slot"][r], cols["tier"][r] = slot, tier
+        cols["key_lo"][r], cols["key_hi"][r] = lo, hi
+        base = summary.base if isinstance(summary, LayeredView) else summary
+        if isinstance(base, FuseSummary) and base.m <= 256:
+            values = base.table_values()
+            offset = self._append(values)
+            cols["salt0"][r], cols["salt1"][r] = _salt(base.seed, 0), _salt(base.seed, 1)
+            cols["starts"][r] = base.segments - base.arity + 1
+            cols["seg_log2"][r] = base.seg_log2
+            cols["seg_mask"][r] = (1 << base.seg_log2) - 1
+            cols["four"][r] = base.arity == 4
+            cols["m"][r] = base.m
+            cols["offset"][r] = offset
+            cols["fuse"][r] = True
+            if isinstance(summary, LayeredView):
+                self._row_corrections[r] = (summary.added, summary.removed)
+                for keys, book in ((summary.added, self._added), (summary.removed, self._removed)):
+                    for k in keys.tolist():
+                        book.setdefault(k, []).append(r)
+        else:
+            cols["fuse"][r] = False
+            self._other[r] = summary
+        self._rows = r + 1
+
+    def _append(self, values: np.ndarray) -> int:
+        need = self._used + len(values)
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), dtype=np.uint8)
+            grown[: self._used] = self._buf[: self._used]
+            self._buf = grown
+        offset = self._used
+        self._buf[offset:need] = values
+        self._used = need
+        return offset
+
+    def _compact(self) -> None:
+        """Copy the live rows' slot values to a fresh buffer and forget the dead rows."""
+        self.compactions += 1
+        old_rows = sorted(self._slot_rows.items())
+        old_cols, old_buf = self._cols, self._buf
+        old_other, old_corr = self._other, self._row_corrections
+        self._cols = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
+        self._rows, self._used, self._dead = 0, 1, 0
+        self._buf = np.zeros(max(1, len(old_buf) // 2), dtype=np.uint8)
+        self._slot_rows, self._other, self._row_corrections = {}, {}, {}
+        self._added, self._removed = {}, {}
+        for slot, rows in old_rows:
+            first = self._rows
+            for r in rows:
+                self._copy_row(old_cols, old_buf, r, old_other.get(r), old_corr.get(r))
+            self._slot_rows[slot] = range(first, self._rows)
+            self._slot_start[slot], self._slot_stop[slot] = first, self._rows
+
+    def _copy_row(self, cols, buf, r, other, corrections) -> None:
+        new = self._rows
+        if new == len(self._cols["slot"]):
+            size = max(64, 2 * new)
+            for name, col in self._cols.items():
+                grown = np.zeros(size, dtype=col.dtype)
+                grown[:new] = col
+                self._cols[name] = grown
+        for name in self._cols:
+            self._cols[name][new] = cols[name][r]
+        if cols["fuse"][r]:
+            length = int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
+            start = int(cols["offset"][r])
+            self._cols["offset"][new] = self._append(buf[start : start + length])
+        if other is not None:
+            self._other[new] = other
+        if corrections is not None:
+            self._row_corrections[new] = corrections
+            for keys, book in zip(corrections, (self._added, self._removed), strict=True):
+                for k in keys.tolist():
+                    book.setdefault(k, []).append(new)
+        self._rows = new + 1
+
+    # ---- probing ---------------------------------------------------------------------
+
+    def rows_of(self, slots: np.ndarray | None) -> np.ndarray:
+        """Row indices of `slots` (all live rows if None)."""
+        if slots is None:
+            slots = np.fromiter(self._slot_rows, dtype=np.int64, count=len(self._slot_rows))
+        slots = slots[slots < len(self._slot_start)]
+        starts, stops = self._slot_start[slots], self._slot_stop[slots]
+        lengths = stops - starts
+        total = int(lengths.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        # concatenated ranges: each row index is its range's start plus its rank inside it
+        shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        return shift + np.arange(total)
+
+    def held(self, keys: np.ndarray, slots: np.ndarray | None = None) -> list[int]:
+        """Per key, the bitmask of slots (of `slots`, or all) whose summaries hold it."""
+        self.sync()
+        keys = np.asarray(keys, dtype=np.uint64)
+        n_keys = len(keys)
+        rows = self.rows_of(slots)
+        if n_keys == 0 or len(rows) == 0:
+            return [0] * n_keys
+        cols = self._cols
+        key_col = keys[:, None]
+        inside = (key_col >= cols["key_lo"][rows]) & (key_col <= cols["key_hi"][rows])
+        hit = np.zeros(inside.shape, dtype=bool)
+        fuse_rows = cols["fuse"][rows]
+        ki, ri = np.nonzero(inside & fuse_rows)
+        if len(ki):
+            hit[ki, ri] = self._fuse_hits(keys[ki], rows[ri])
+        if self._added or self._removed:
+            self._correct(keys, rows, inside, hit)
+        if self._other:
+            for j in np.flatnonzero(~fuse_rows).tolist():
+                state = self._other.get(int(rows[j]))
+                if state is not None and inside[:, j].any():
+                    hit[:, j] = inside[:, j] & state.contains_many(keys)
+        slot_of = cols["slot"][rows]
+        n_slots = len(self.table.instances)
+        dense = np.zeros((n_keys, n_slots + (-n_slots) % 8), dtype=bool)
+        hk, hr = np.nonzero(hit)
+        dense[hk, slot_of[hr]] = True
+        packed = np.packbits(dense, axis=1, bitorder="little")
+        return [int.from_bytes(row.tobytes(), "little") for row in packed]
+
+    def _fuse_hits(self, x: np.ndarray, rr: np.ndarray) -> np.ndarray:
+        cols = self._cols
+        h = mix64(x ^ cols["salt0"][rr])
+        h2 = mix64(x ^ cols["salt1"][rr])
+        seg_log2 = cols["seg_log2"][rr]
+        mask = cols["seg_mask"][rr]
+        seg = np.uint64(1) << seg_log2
+        base = ((((h >> _S32) * cols["starts"][rr]) >> _S32) << seg_log2) + cols["offset"][
+            rr
+        ].astype(np.uint64)
+        buf = self._buf
+        acc = buf[(base + (h2 & mask)).astype(np.intp)].astype(np.uint64)
+        base += seg
+        acc += buf[(base + ((h2 >> _S16) & mask)).astype(np.intp)]
+        base += seg
+        acc += buf[(base + ((h2 >> _S32) & mask)).astype(np.intp)]
+        base += seg
+        fourth = np.where(cols["four"][rr], base + ((h2 >> _S48) & mask), np.uint64(0))
+        acc += buf[fourth.astype(np.intp)]
+        m = cols["m"][rr]
+        return acc % m == ((h & _U32) * m) >> _S32
+
+    def _correct(
+        self, keys: np.ndarray, rows: np.ndarray, inside: np.ndarray, hit: np.ndarray
+    ) -> None:
+        """Apply the exact additions and removals of deltas layered on fuse rows."""
+        where: dict[int, int] | None = None
+        for i, k in enumerate(keys.tolist()):
+            for book, value in ((self._removed, False), (self._added, True)):
+                owners = book.get(k)
+                if not owners:
+                    continue
+                if where is None:
+                    where = {int(r): j for j, r in enumerate(rows.tolist())}
+                for r in owners:
+                    j = where.get(r)
+                    if j is not None and inside[i, j]:
+                        hit[i, j] = value

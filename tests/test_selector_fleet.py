@@ -1,0 +1,189 @@
+"""The fleet probe and the key index against the plain per-instance lookup they replace.
+
+Every answer the vectorised probe gives must equal what each instance's own summaries say
+(`Instance.lookup`), false positives included (the hashing is the same), for every kind,
+for shards, tiers, deltas layered on filters, withdrawals and after compaction; and the
+chunked walk must give each instance the leading run a direct probe gives, also after the
+state it remembered has changed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import numpy as np
+import pytest
+
+from catsproto import wire
+from catsproto.selector import RIB
+from catsproto.selector.fleet import FleetProbe
+from catsproto.selector.index import KeyIndex
+from catsproto.summary import Summary, SummarySender
+from tests.selector_fixtures import BYTES_PER_BLOCK, advert
+
+HALF = 1 << 63
+U64 = (1 << 64) - 1
+KINDS = (wire.SummaryKind.FUSE, wire.SummaryKind.BLOOM, wire.SummaryKind.EXACT)
+
+
+def shard_entry(summary, lo, hi, tier=wire.Tier.HBM, version=1, base=0, count=1):
+    return wire.SummaryEntry(
+        tier=tier,
+        kind=wire.SummaryKind(summary.kind),
+        version=version,
+        base_version=base,
+        key_lo=lo,
+        key_hi=hi,
+        entry_count=count,
+        bytes_per_block=BYTES_PER_BLOCK,
+        fetch_latency_us=5,
+        fetch_bandwidth_mbps=800_000,
+        params=summary.params(),
+        body=summary.encode(),
+    )
+
+
+def entries_for(keys, kind, shards, tier=wire.Tier.HBM, version=1):
+    ranges = [(0, U64)] if shards == 1 else [(0, HALF - 1), (HALF, U64)]
+    out = []
+    for lo, hi in ranges:
+        part = keys[(keys >= np.uint64(lo)) & (keys <= np.uint64(hi))]
+        s = Summary.build(part, 0.05, kind=int(kind), seed=lo & 0xFFFF)
+        out.append(shard_entry(s, lo, hi, tier=tier, version=version, count=max(1, len(part))))
+    return out
+
+
+def addr(i):
+    return ipaddress.IPv4Address(0x0A000000 + i + 1)
+
+
+def announce(rib, i, entries, seq=1, now_ms=1):
+    """One route per shard and tier, as an instance sends them."""
+    for n, e in enumerate(entries):
+        rib.accept(advert(str(addr(i)), 1 + i % 4, [e], seq=seq * 16 + n), now_ms=now_ms)
+
+
+def reference(rib, keys):
+    """Per key, the bitmask of slots whose own lookup holds it."""
+    table = rib.services[7]
+    masks = [0] * len(keys)
+    for inst in table.live():
+        held = inst.lookup(keys) > 0
+        for i in np.flatnonzero(held).tolist():
+            masks[i] |= 1 << inst.slot
+    return masks
+
+
+@pytest.fixture
+def fleet():
+    """30 instances of every kind, one or two shards, some with a DRAM tier too."""
+    rng = np.random.default_rng(11)
+    rib = RIB(hold_time_ms=10**9)
+    held = {}
+    for i in range(30):
+        keys = rng.integers(0, 2**64 - 1, size=300 + 40 * i, dtype=np.uint64)
+        kind = KINDS[i % 3]
+        entries = entries_for(keys[:200], kind, 1 + i % 2)
+        if i % 5 == 0:
+            entries += entries_for(keys[200:], KINDS[(i + 1) % 3], 1, tier=wire.Tier.DRAM)
+        announce(rib, i, entries)
+        held[i] = keys
+    return rib, held, rng
+
+
+def probe_keys(held, rng):
+    own = np.concatenate([k[::7] for k in held.values()])
+    return np.concatenate([own, rng.integers(0, 2**64 - 1, size=4000, dtype=np.uint64)])
+
+
+def test_probe_agrees_with_every_instance(fleet):
+    rib, held, rng = fleet
+    probe = FleetProbe(rib.services[7])
+    keys = probe_keys(held, rng)
+    got = probe.held(keys)
+    assert got == reference(rib, keys)
+    assert sum(m != 0 for m in got[-4000:]) > 0  # some false positives, answered alike
+    # a subset of slots answers only for those slots
+    some = np.array([0, 3, 4, 17, 29])
+    mask = sum(1 << s for s in some.tolist())
+    assert probe.held(keys, some) == [m & mask for m in reference(rib, keys)]
+
+
+def test_probe_follows_deltas_withdrawals_and_compaction(fleet):
+    rib, held, rng = fleet
+    table = rib.services[7]
+    probe = FleetProbe(table)
+    keys = probe_keys(held, rng)
+    probe.held(keys)
+    # instance 0 (fuse) moves on by a delta: some keys removed, some added
+    sender = SummarySender(0.05, kind=int(wire.SummaryKind.FUSE))
+    first = rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64)
+    snap = sender.update(first)
+    later = np.concatenate([first[50:], rng.integers(0, 2**64 - 1, 30, dtype=np.uint64)])
+    delta = sender.update(later)
+    assert delta.is_delta
+    for upd in (snap, delta):
+        e = shard_entry(upd.summary, 0, U64, version=upd.version, base=upd.base_version)
+        announce(rib, 0, [e], seq=upd.version + 1, now_ms=2)
+    query = np.concatenate([keys, later[-30:], first[:50], first[50:400]])
+    assert probe.held(query) == reference(rib, query)
+    # a withdrawn instance holds nothing any more
+    rib.withdraw(addr(3))
+    assert probe.held(query) == reference(rib, query)
+    assert not any(m & (1 << 3) for m in probe.held(held[3]))
+    # many re-advertisements: dead rows pile up, the buffer is compacted, answers stay
+    before = probe.rebuilds
+    for round_ in range(12):
+        for i in (1, 4, 7, 10):
+            entries = entries_for(
+                held[i][: 150 + round_], wire.SummaryKind.FUSE, 2, version=round_ + 2
+            )
+            announce(rib, i, entries, seq=round_ + 10, now_ms=3)
+        assert probe.held(query) == reference(rib, query)
+    assert probe.rebuilds - before >= 48
+    assert probe.compactions >= 1
+
+
+def test_walk_gives_each_instance_its_leading_run():
+    rng = np.random.default_rng(5)
+    rib = RIB(hold_time_ms=10**9)
+    prompt = rng.integers(0, 2**64 - 1, size=128, dtype=np.uint64)
+    depth = {}
+    for i in range(120):  # more than WIDE instances: the first key is asked of everyone
+        d = int(rng.integers(0, 129)) if i % 3 == 0 else 0
+        other = rng.integers(0, 2**64 - 1, size=500, dtype=np.uint64)
+        keys = np.concatenate([prompt[:d], other])
+        announce(rib, i, entries_for(keys, KINDS[i % 3], 1 + i % 2))
+        depth[i] = d
+    table = rib.services[7]
+    index = KeyIndex(table)
+
+    def brute():
+        out = {}
+        for inst in table.live():
+            held = inst.lookup(prompt) > 0
+            run = len(held) if held.all() else int(np.argmin(held))
+            if run:
+                out[inst.slot] = run
+        return out
+
+    def walk():
+        hs, ks = index.prefix_lengths(prompt, table.live_mask)
+        return dict(zip(hs.tolist(), ks.tolist(), strict=True))
+
+    assert walk() == brute()
+    assert all(brute().get(i, 0) >= d for i, d in depth.items())  # no false negatives
+    probes = index.probes
+    assert walk() == brute() and index.probes == probes  # recurring prompt: no probe
+    # a holder evicts the tail of the prompt: the remembered chunks are re-probed for it
+    holder = next(i for i, d in depth.items() if d > 40)
+    keys = np.concatenate([prompt[:20], rng.integers(0, 2**64 - 1, 500, dtype=np.uint64)])
+    e = entries_for(keys, KINDS[holder % 3], 1 + holder % 2, version=2)
+    announce(rib, holder, e, seq=2, now_ms=2)
+    assert walk() == brute()
+    assert walk()[table.by_address[addr(holder)].slot] < depth[holder]
+    # a subset of candidates (others expired, say): only those appear
+    subset = sum(1 << s for s in range(0, 120, 2))
+    hs, ks = index.prefix_lengths(prompt, subset)
+    expect = {s: k for s, k in brute().items() if s % 2 == 0}
+    assert dict(zip(hs.tolist(), ks.tolist(), strict=True)) == expect
