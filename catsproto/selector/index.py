@@ -40,6 +40,10 @@ class _Chunk:
     all_held: int  # AND of the masks: who holds the whole chunk
     scope: int  # slots the masks are valid for
     generation: int  # table generation they were computed at
+    # the last walk through it: who entered, who dropped out where, who came out
+    walked_in: int = 0
+    walked: tuple[tuple[int, int], ...] = ()
+    walked_out: int = 0
 
 
 class KeyIndex:
@@ -67,15 +71,25 @@ class KeyIndex:
             else:
                 end = n
             chunk = self._chunk(key_list, keys, pos, end, running)
-            if running & chunk.all_held != running:
-                for offset, mask in enumerate(chunk.masks):
-                    kept = running & mask
-                    if kept != running:
-                        if pos + offset:
-                            groups.append((running & ~kept, pos + offset))
-                        running = kept
-                        if not running:
-                            break
+            if running & chunk.all_held == running:
+                pos = end
+                continue
+            if chunk.walked_in == running and chunk.walked_in:
+                groups.extend(chunk.walked)
+                running = chunk.walked_out
+                pos = end
+                continue
+            entered, dropped = running, []
+            for offset, mask in enumerate(chunk.masks):
+                kept = running & mask
+                if kept != running:
+                    if pos + offset:
+                        dropped.append((running & ~kept, pos + offset))
+                    running = kept
+                    if not running:
+                        break
+            chunk.walked_in, chunk.walked, chunk.walked_out = entered, tuple(dropped), running
+            groups.extend(dropped)
             pos = end
         if running:
             groups.append((running, n))

@@ -138,6 +138,10 @@ class ServiceTable:
         self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
         self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
         self.metrics_version = grow(getattr(self, "metrics_version", None), np.int64, 0)
+        # derived by `set_load`: ms per prefill token, the backlog in ms, and when it drains
+        self.ms_per_token = grow(getattr(self, "ms_per_token", None), np.float64, 1000.0)
+        self.backlog_ms = grow(getattr(self, "backlog_ms", None), np.float64, 0.0)
+        self.drain_end_ms = grow(getattr(self, "drain_end_ms", None), np.float64, -1.0)
         # what the cost model reads of a holder, mirrored from its Instance (`describe`)
         self.fpr = grow(getattr(self, "fpr", None), np.float64, 0.0)
         # blocks a run of hits loses to its expected false positives: p/(1-p), inf at p=1
@@ -166,11 +170,19 @@ class ServiceTable:
         self.live_mask |= 1 << slot
         self.site[slot] = site_id
         self.site_version += 1
-        self.prefill_tps[slot] = inst.prefill_tps
-        self.backlog_tokens[slot] = 0.0
-        self.metrics_ms[slot] = -1
+        self.set_load(slot, inst.prefill_tps, 0.0, -1)
         self.touch(inst)
         return inst
+
+    def set_load(self, slot: int, prefill_tps: float, backlog_tokens: float, at_ms: int) -> None:
+        """An instance's advertised prefill rate and backlog as of `at_ms`: the backlog
+        drains at that rate from then on (the dead reckoning the node shares)."""
+        self.prefill_tps[slot] = prefill_tps
+        self.backlog_tokens[slot] = backlog_tokens
+        self.metrics_ms[slot] = at_ms
+        self.ms_per_token[slot] = 1000.0 / prefill_tps
+        self.backlog_ms[slot] = backlog = backlog_tokens / prefill_tps * 1000
+        self.drain_end_ms[slot] = at_ms + backlog
 
     def describe(self, inst: Instance) -> None:
         """Copy the instance's summary-derived figures into the per-slot arrays."""
@@ -274,9 +286,7 @@ class RIB:
                 inst.backlog_tokens = max(0.0, m.value)
             elif m.metric_type == L0MetricType.WAITING_REQUESTS:
                 inst.waiting = max(0.0, m.value)
-        table.prefill_tps[inst.slot] = inst.prefill_tps
-        table.backlog_tokens[inst.slot] = inst.backlog_tokens
-        table.metrics_ms[inst.slot] = inst.metrics_ms
+        table.set_load(inst.slot, inst.prefill_tps, inst.backlog_tokens, inst.metrics_ms)
         table.metrics_version[inst.slot] += 1
         return True
 

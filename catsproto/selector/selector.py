@@ -151,6 +151,7 @@ class _Pending:
     tokens: np.ndarray
     seen_version: np.ndarray
     log: list[deque[tuple[int, float]]]
+    ms: np.ndarray  # the same as queue time: tokens x peer selectors at the slot's rate
 
 
 def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
@@ -205,6 +206,7 @@ class PathSelector:
         self._draws = 0
         self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
         self._site_max_bw: dict[tuple[str, int], float] = {}
+        self._site_derived: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -232,7 +234,17 @@ class PathSelector:
                 delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
             cached = self._site_cache[key] = (version, delay[inverse], bw[inverse])
             self._site_max_bw[key] = float(bw.max()) if len(bw) else 1.0
+            self._site_derived[key] = (2 * cached[1], cached[2] * 1000)
         return cached[1][slots], cached[2][slots]
+
+    def _site_terms(
+        self, node: str, table: ServiceTable, slots: slice | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Round trip (ms) and bottleneck bandwidth in kbit/s (bits ÷ it = ms) from `node`
+        to each slot's site."""
+        self._site_vectors(node, table, slice(0, 0))
+        rtt, bw_kbps = self._site_derived[(node, table.cs_id)]
+        return rtt[slots], bw_kbps[slots]
 
     def _max_bandwidth(self, node: str, table: ServiceTable) -> float:
         """The widest bottleneck from `node` to any site of the table (an upper bound)."""
@@ -245,14 +257,18 @@ class PathSelector:
         if pend is None or len(pend.tokens) < n:
             old = pend
             pend = _Pending(
-                np.zeros(n), np.full(n, -1, dtype=np.int64), [deque() for _ in range(n)]
+                np.zeros(n),
+                np.full(n, -1, dtype=np.int64),
+                [deque() for _ in range(n)],
+                np.zeros(n),
             )
             if old is not None:
                 m = len(old.tokens)
-                pend.tokens[:m], pend.seen_version[:m], pend.log[:m] = (
+                pend.tokens[:m], pend.seen_version[:m], pend.log[:m], pend.ms[:m] = (
                     old.tokens,
                     old.seen_version,
                     old.log,
+                    old.ms,
                 )
             self._pending[table.cs_id] = pend
         # An advertisement newer than a decision already counts that decision's work.
@@ -266,7 +282,11 @@ class PathSelector:
                 log.clear()
                 pend.tokens[slot] = 0.0
             pend.seen_version[slot] = table.metrics_version[slot]
-        return pend.tokens
+            self._pending_ms(pend, table, slot)
+        return pend
+
+    def _pending_ms(self, pend: _Pending, table: ServiceTable, slot: int) -> None:
+        pend.ms[slot] = self.config.peer_selectors * pend.tokens[slot] * table.ms_per_token[slot]
 
     # ---- the decision ------------------------------------------------------------------
 
@@ -282,16 +302,16 @@ class PathSelector:
             raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
         # every slot live (the usual case): slices are views, no gathers
         pick: slice | np.ndarray = slice(0, n) if len(slots) == n else slots
-        pending = self._pending_for(table)
-        delay, bw = self._site_vectors(request.ingress, table, pick)
-        tps = table.prefill_tps[pick]
+        pend = self._pending_for(table)
+        rtt, bw_kbps = self._site_terms(request.ingress, table, pick)
+        ms_per_token = table.ms_per_token[pick]
         tokens = request.prompt_tokens
-        rtt = 2 * delay
-        upload = tokens * cfg.request_bytes_per_token * 8 / (bw * 1000)
-        age_s = np.maximum(0, now_ms - table.metrics_ms[pick]) / 1000
-        drained = np.maximum(0.0, table.backlog_tokens[pick] - age_s * tps)
-        queue = (drained + cfg.peer_selectors * pending[pick]) / tps * 1000
-        prefill_full = tokens / tps * 1000
+        upload = tokens * cfg.request_bytes_per_token * 8 / bw_kbps
+        # the advertised backlog, drained at the advertised rate since its timestamp
+        queue = np.maximum(0.0, table.drain_end_ms[pick] - now_ms)
+        np.minimum(queue, table.backlog_ms[pick], out=queue)
+        queue += pend.ms[pick]
+        prefill_full = tokens * ms_per_token
         base = rtt + upload + queue
         total = base + prefill_full
         fetch = np.zeros(len(slots))
@@ -313,7 +333,7 @@ class PathSelector:
             hs, ks = index.prefix_lengths(keys, candidates)
             if len(hs):
                 best_src = self._score_holders(
-                    table, slots, pick, (hs, ks), request, base, tps,
+                    table, slots, pick, (hs, ks), request, base, ms_per_token,
                     terms=(cached, expected, fetch, prefill, total),
                 )
         order = _leaders(total)
@@ -322,7 +342,8 @@ class PathSelector:
             and best_src is not None
             and best_src[2] > 0
             and self._consider_remote(
-                table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot,
+                table, slots, best_src, base, ms_per_token, request, total, fetch, prefill,
+                source_slot,
                 order,
             )
         ):
@@ -341,9 +362,10 @@ class PathSelector:
         if len(order) > 1:
             runner = self._estimate(table, slots, order[1], request, terms)
         chosen_slot = int(slots[order[0]])
-        work = best.prefill_ms / 1000 * tps[order[0]]
-        pending[chosen_slot] += work
-        self._pending[table.cs_id].log[chosen_slot].append((now_ms, work))
+        work = best.prefill_ms / 1000 * table.prefill_tps[chosen_slot]
+        pend.tokens[chosen_slot] += work
+        pend.log[chosen_slot].append((now_ms, work))
+        self._pending_ms(pend, table, chosen_slot)
         return Decision(best, runner, len(slots))
 
     def _score_holders(
@@ -354,7 +376,7 @@ class PathSelector:
         held: tuple[np.ndarray, np.ndarray],
         request: Request,
         base: np.ndarray,
-        tps: np.ndarray,
+        ms_per_token: np.ndarray,
         terms: tuple[np.ndarray, ...],
     ) -> tuple[float, int, float, float]:
         """Price the cached prefix of every instance holding part of it, all at once;
@@ -377,7 +399,7 @@ class PathSelector:
             inst = table.instances[int(hs[j])]
             assert inst is not None
             fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(request.block_keys[: ks[j]]))
-        prefill_h = (tokens - cached_tokens) / tps[idx] * 1000
+        prefill_h = (tokens - cached_tokens) * ms_per_token[idx]
         cached[idx], expected[idx] = ks, exp_blocks
         fetch[idx], prefill[idx] = fetch_h, prefill_h
         total[idx] = base[idx] + fetch_h + prefill_h
@@ -397,7 +419,8 @@ class PathSelector:
         return np.array([first, second])
 
     def _consider_remote(
-        self, table, slots, best_src, base, tps, request, total, fetch, prefill, source_slot,
+        self, table, slots, best_src, base, ms_per_token, request, total, fetch, prefill,
+        source_slot,
         leaders: list[int],
     ) -> bool:
         """Offer every instance the option of pulling the best source's prefix; True if
@@ -416,7 +439,7 @@ class PathSelector:
         tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
         bpb = max((t.bytes_per_block for t in src.tiers.values()), default=0)
         latency = max((src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0)
-        remote_prefill = (request.prompt_tokens - cached_tokens) / tps * 1000
+        remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
         widest = min(self._max_bandwidth(node, table), tier_bw)
