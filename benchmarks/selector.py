@@ -4,8 +4,10 @@ Prints JSON. The fleet: N instances, each advertising a binary fuse summary of B
 keys (1% FPR) in HBM; a pool of 128-block prompts whose prefixes are each held, whole or
 in part, by a few instances. Measured in one run:
 
-- `selector`: PathSelector.decide (key index warm: the pool's prompts recur, as prompt
-  prefixes do in real traffic) and the cold case (every prompt new to the index);
+- `selector`: PathSelector.decide with the key index warm (the pool's prompts recur, as
+  prompt prefixes do in real traffic), cold (every prompt entirely new: its first key is
+  asked of every instance, the rest of the few that hold it), and "new tail" (a held
+  prefix followed by blocks never seen); with the summary lookups each decision made;
 - `baseline`: the straightforward way — for every instance, probe its summary with all
   128 keys, take the leading run, compute the same TTFT estimate — one Python loop.
 
@@ -77,8 +79,9 @@ def build_fleet(n: int, blocks: int, pool: np.ndarray, rng: np.random.Generator,
 
 
 def baseline_decide(rib: RIB, net: Network, req: Request) -> tuple[float, str]:
-    """Per instance: probe all keys, leading run, same TTFT terms. No index, no vectors."""
-    best = (float("inf"), "")
+    """Per instance: probe all keys, leading run, same TTFT terms. No index, no vectors.
+    Equal estimates go to the lowest slot, as in the selector."""
+    best = (float("inf"), -1, "")
     for inst in rib.services[req.cs_id].live():
         path = net.path(req.ingress, f"site{inst.site_id}")
         held = inst.lookup(req.block_keys) > 0
@@ -91,21 +94,28 @@ def baseline_decide(rib: RIB, net: Network, req: Request) -> tuple[float, str]:
             + inst.backlog_tokens / inst.prefill_tps * 1000
             + (req.prompt_tokens - cached) / inst.prefill_tps * 1000
         )
-        best = min(best, (ttft, str(inst.address)))
-    return best
+        best = min(best, (ttft, inst.slot, str(inst.address)))
+    return best[0], best[2]
 
 
-def time_calls(fn, reqs, seconds: float) -> dict[str, float]:
+def lookups(sel: PathSelector) -> int:
+    """Summary lookups made so far: (key, filter) pairs the fleet probe evaluated."""
+    return sum(index.fleet.pairs for index in sel._index.values())
+
+
+def time_calls(fn, reqs, seconds: float, once: bool = False) -> dict[str, float]:
+    """Latency of fn over reqs, cycling through them for `seconds` (or each only once)."""
     lat = []
     start = time.perf_counter()
     i = 0
-    while time.perf_counter() - start < seconds or i < 20:
+    while (time.perf_counter() - start < seconds or i < 20) and not (once and i >= len(reqs)):
         t0 = time.perf_counter()
         fn(reqs[i % len(reqs)])
         lat.append(time.perf_counter() - t0)
         i += 1
     arr = np.array(lat) * 1000
     return {
+        "calls": len(lat),
         "decisions_per_s": round(len(lat) / sum(lat), 1),
         "p50_ms": round(float(np.percentile(arr, 50)), 4),
         "p99_ms": round(float(np.percentile(arr, 99)), 4),
@@ -125,7 +135,10 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
         for r in reqs:
             sel.decide(r, now_ms=2)
     out = {"instances": n, "blocks_per_instance": blocks, "setup_s": round(setup_s, 1)}
-    out["selector_warm"] = time_calls(lambda r: sel.decide(r, now_ms=2), reqs, seconds)
+    before = lookups(sel)
+    out["selector_warm"] = warm = time_calls(lambda r: sel.decide(r, now_ms=2), reqs, seconds)
+    warm["lookups_per_decision"] = round((lookups(sel) - before) / warm.pop("calls"), 2)
+    unique = 8000  # more new prompts than a timed run gets through: none recurs
     cold = [
         Request(
             7,
@@ -133,14 +146,42 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
             PROMPT_BLOCKS * BLOCK,
             "ingress",
         )
-        for _ in range(200)
+        for _ in range(unique)
     ]
-    out["selector_cold"] = time_calls(lambda r: sel.decide(r, now_ms=2), cold, seconds / 2)
+    before = lookups(sel)
+    out["selector_cold"] = c = time_calls(
+        lambda r: sel.decide(r, now_ms=2), cold, seconds / 2, once=True
+    )
+    c["lookups_per_decision"] = round((lookups(sel) - before) / c.pop("calls"), 1)
+    # prompts that share a held prefix but were never seen: the first key is known, the
+    # rest is asked of the prefix's holders only
+    fresh_tail = [
+        Request(
+            7,
+            np.concatenate(
+                [pool[i % pool_size][:PROMPT_BLOCKS // 4],
+                 rng.integers(0, 2**63, size=PROMPT_BLOCKS * 3 // 4, dtype=np.uint64)]
+            ),
+            PROMPT_BLOCKS * BLOCK,
+            "ingress",
+        )
+        for i in range(unique)
+    ]
+    before = lookups(sel)
+    out["selector_new_tail"] = t = time_calls(
+        lambda r: sel.decide(r, now_ms=2), fresh_tail, seconds / 2, once=True
+    )
+    t["lookups_per_decision"] = round((lookups(sel) - before) / t.pop("calls"), 1)
+    out["instance_lookups_per_decision_baseline"] = n * PROMPT_BLOCKS
     if baseline:
         out["baseline_loop"] = time_calls(lambda r: baseline_decide(rib, net, r), reqs, seconds)
-        out["warm_over_baseline_ratio"] = round(
-            out["selector_warm"]["decisions_per_s"] / out["baseline_loop"]["decisions_per_s"], 1
-        )
+        out["baseline_loop"].pop("calls")
+        for case in ("warm", "cold", "new_tail"):
+            out[f"{case}_over_baseline_ratio"] = round(
+                out[f"selector_{case}"]["decisions_per_s"]
+                / out["baseline_loop"]["decisions_per_s"],
+                1,
+            )
         # Same choice as the loop when the selector's extras (remote KV, own-load
         # accounting) are off: a fresh selector per request.
         agree = sum(
@@ -150,7 +191,7 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
                 .chosen.address
             )
             == baseline_decide(rib, net, r)[1]
-            for r in reqs[:50]
+            for r in reqs[:25] + cold[:25]
         )
         out["same_choice_as_baseline_of_50"] = agree
     return out
@@ -166,7 +207,7 @@ def main() -> None:
     headline = run(args.instances, args.blocks, args.seconds, True)
     print(json.dumps({"benchmark": "selector", "headline": headline}), flush=True)
     if args.curve:  # one JSON line per fleet size, printed as it completes
-        for n in (10, 100, 1000, 3000):
+        for n in (10, 100, 1000, 3000, 10_000):
             r = run(n, 10_000, args.seconds / 2, baseline=n <= 1000)
             print(json.dumps({"benchmark": "selector", "curve": r}), flush=True)
 

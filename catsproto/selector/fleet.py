@@ -78,6 +78,7 @@ class FleetProbe:
         self._row_corrections: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.rebuilds = 0  # slots whose rows were rebuilt, for tests and benchmarks
         self.compactions = 0
+        self.pairs = 0  # (key, filter) pairs evaluated: the summary lookups done
 
     # ---- keeping rows in step with the table --------------------------------------------
 
@@ -252,6 +253,7 @@ class FleetProbe:
         hit = np.zeros(inside.shape, dtype=bool)
         fuse_rows = cols["fuse"][rows]
         ki, ri = np.nonzero(inside & fuse_rows)
+        self.pairs += len(ki)
         if len(ki):
             hit[ki, ri] = self._fuse_hits(keys[ki], rows[ri])
         if self._added or self._removed:
@@ -261,6 +263,7 @@ class FleetProbe:
                 state = self._other.get(int(rows[j]))
                 if state is not None and inside[:, j].any():
                     hit[:, j] = inside[:, j] & state.contains_many(keys)
+                    self.pairs += n_keys
         slot_of = cols["slot"][rows]
         n_slots = len(self.table.instances)
         dense = np.zeros((n_keys, n_slots + (-n_slots) % 8), dtype=bool)
