@@ -53,15 +53,14 @@ class KeyIndex:
         self.max_chunks = max_chunks
         self._chunks: dict[tuple[int, int], _Chunk] = {}
         self.probes = 0  # fleet-probe calls made, for benchmarks and tests
-        self._slot_sets: dict[int, np.ndarray] = {}
+        self._answers: dict[tuple[tuple[int, int], ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def prefix_lengths(self, keys: np.ndarray, candidates: int) -> tuple[np.ndarray, np.ndarray]:
         """The slots (among the bitmask `candidates`) whose summaries hold one or more
         leading `keys`, and how many leading keys each holds: two int64 arrays."""
         groups: list[tuple[int, int]] = []  # (bitmask of slots, their prefix length)
         running = candidates
-        key_list = keys.tolist()
-        n = len(key_list)
+        n = len(keys)
         pos = 0
         while pos < n and running:
             if running.bit_count() > WIDE:
@@ -70,7 +69,7 @@ class KeyIndex:
                 end = min(n, pos + CHUNK)
             else:
                 end = n
-            chunk = self._chunk(key_list, keys, pos, end, running)
+            chunk = self._chunk(keys, pos, end, running)
             if running & chunk.all_held == running:
                 pos = end
                 continue
@@ -95,17 +94,23 @@ class KeyIndex:
             groups.append((running, n))
         if not groups:
             return _EMPTY, _EMPTY
-        parts = [self._slots_of(mask) for mask, _ in groups]
-        lengths = np.repeat(
-            np.array([k for _, k in groups], dtype=np.int64), [len(p) for p in parts]
-        )
-        return np.concatenate(parts), lengths
+        answer = tuple(groups)
+        out = self._answers.get(answer)
+        if out is None:  # the same holders recur with the same prompts: remember
+            parts = [_slots_array(mask) for mask, _ in groups]
+            lengths = np.repeat(
+                np.array([k for _, k in groups], dtype=np.int64), [len(p) for p in parts]
+            )
+            out = (np.concatenate(parts), lengths)
+            out[0].flags.writeable = out[1].flags.writeable = False
+            if len(self._answers) >= 4096:
+                self._answers.clear()
+            self._answers[answer] = out
+        return out
 
-    def _chunk(
-        self, key_list: list[int], keys: np.ndarray, start: int, end: int, running: int
-    ) -> _Chunk:
+    def _chunk(self, keys: np.ndarray, start: int, end: int, running: int) -> _Chunk:
         table = self.table
-        name = (key_list[end - 1], end - start)
+        name = (int(keys[end - 1]), end - start)
         entry = self._chunks.get(name)
         if entry is not None and entry.generation == table.generation:
             if running & ~entry.scope == 0:
@@ -133,16 +138,6 @@ class KeyIndex:
             self._chunks.clear()
         self._chunks[name] = fresh
         return fresh
-
-    def _slots_of(self, mask: int) -> np.ndarray:
-        """The set bits of `mask` as slot numbers; the same holder sets recur, so the
-        answers are remembered."""
-        out = self._slot_sets.get(mask)
-        if out is None:
-            if len(self._slot_sets) >= 4096:
-                self._slot_sets.clear()
-            out = self._slot_sets[mask] = _slots_array(mask)
-        return out
 
     def _changed_since(self, generation: int) -> int:
         n = len(self.table.instances)

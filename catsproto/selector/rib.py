@@ -149,6 +149,10 @@ class ServiceTable:
         self.stale = grow(getattr(self, "stale", None), bool, False)
         self.block_size = grow(getattr(self, "block_size", None), np.int64, 0)
         self.hbm_only = grow(getattr(self, "hbm_only", None), bool, True)
+        # its fastest tier's bandwidth (Mbit/s) and latency (ms), and the largest block
+        self.tier0_mbps = grow(getattr(self, "tier0_mbps", None), np.float64, 0.0)
+        self.tier0_latency_ms = grow(getattr(self, "tier0_latency_ms", None), np.float64, 0.0)
+        self.max_block_bytes = grow(getattr(self, "max_block_bytes", None), np.int64, 0)
 
     def slot_for(self, address: IPAddress, site_id: int) -> Instance:
         inst = self.by_address.get(address)
@@ -192,6 +196,11 @@ class ServiceTable:
         self.stale[slot] = inst.stale
         self.block_size[slot] = inst.block_size
         self.hbm_only[slot] = len(inst.tiers) == 1 and Tier.HBM in inst.tiers
+        if inst.tiers:
+            fastest = inst.tiers[min(inst.tiers)]
+            self.tier0_mbps[slot] = fastest.fetch_bandwidth_mbps
+            self.tier0_latency_ms[slot] = fastest.fetch_latency_us / 1000
+            self.max_block_bytes[slot] = max(t.bytes_per_block for t in inst.tiers.values())
 
     def touch(self, inst: Instance) -> None:
         """Record that `inst`'s summaries changed (the key index re-probes it)."""

@@ -35,7 +35,7 @@ for the chosen instance and the runner-up. Pure: `now_ms` and the seed come in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,11 +100,31 @@ class Estimate:
         }
 
 
-@dataclass(frozen=True)
 class Decision:
-    chosen: Estimate
-    runner_up: Estimate | None
-    candidates: int
+    """The chosen candidate's estimate, the runner-up's (worked out when first asked
+    for: most callers only route), and how many candidates there were."""
+
+    __slots__ = ("_runner", "_runner_of", "candidates", "chosen")
+
+    def __init__(
+        self,
+        chosen: Estimate,
+        runner_up: Estimate | Callable[[], Estimate | None] | None,
+        candidates: int,
+    ) -> None:
+        self.chosen = chosen
+        self.candidates = candidates
+        self._runner_of = runner_up if callable(runner_up) else None
+        self._runner = None if callable(runner_up) else runner_up
+
+    @property
+    def runner_up(self) -> Estimate | None:
+        if self._runner_of is not None:
+            self._runner, self._runner_of = self._runner_of(), None
+        return self._runner
+
+    def __repr__(self) -> str:
+        return f"Decision(chosen={self.chosen!r}, runner_up={self.runner_up!r})"
 
     def explain(self) -> str:
         lines = []
@@ -206,6 +226,7 @@ class PathSelector:
         self._draws = 0
         self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
         self._site_max_bw: dict[tuple[str, int], float] = {}
+        self._arange = np.arange(0)
         self._site_derived: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- helpers -----------------------------------------------------------------------
@@ -251,7 +272,12 @@ class PathSelector:
         self._site_vectors(node, table, slice(0, 0))
         return self._site_max_bw[(node, table.cs_id)]
 
-    def _pending_for(self, table: ServiceTable) -> np.ndarray:
+    def _all_slots(self, n: int) -> np.ndarray:
+        if len(self._arange) != n:
+            self._arange = np.arange(n)
+        return self._arange
+
+    def _pending_for(self, table: ServiceTable) -> _Pending:
         n = len(table.alive)
         pend = self._pending.get(table.cs_id)
         if pend is None or len(pend.tokens) < n:
@@ -296,12 +322,17 @@ class PathSelector:
         if table is None:
             raise NoInstanceError(f"no advertisement for CS-ID {request.cs_id}")
         n = len(table.instances)
-        live = table.alive[:n] & (now_ms - table.heard_ms[:n] <= self.rib.hold_time_ms)
-        slots = np.flatnonzero(live)
-        if len(slots) == 0:
-            raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
-        # every slot live (the usual case): slices are views, no gathers
-        pick: slice | np.ndarray = slice(0, n) if len(slots) == n else slots
+        hold = self.rib.hold_time_ms
+        pick: slice | np.ndarray
+        if n and len(table.by_address) == n and now_ms - int(table.heard_ms[:n].min()) <= hold:
+            # every slot live (the usual case): slices are views, no gathers
+            slots, pick, candidates = self._all_slots(n), slice(0, n), table.live_mask
+        else:
+            live = table.alive[:n] & (now_ms - table.heard_ms[:n] <= hold)
+            slots = pick = np.flatnonzero(live)
+            if len(slots) == 0:
+                raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
+            candidates = int.from_bytes(np.packbits(live, bitorder="little").tobytes(), "little")
         pend = self._pending_for(table)
         rtt, bw_kbps = self._site_terms(request.ingress, table, pick)
         ms_per_token = table.ms_per_token[pick]
@@ -314,19 +345,14 @@ class PathSelector:
         prefill_full = tokens * ms_per_token
         base = rtt + upload + queue
         total = base + prefill_full
-        fetch = np.zeros(len(slots))
         prefill = prefill_full.copy()
-        cached = np.zeros(len(slots), dtype=np.int64)
-        expected = np.zeros(len(slots))
-        source_slot = np.full(len(slots), -1, dtype=np.int64)
+        # per candidate: fetch ms, expected cached blocks, cached blocks, KV source slot
+        fetch, expected, cached, source_slot = np.zeros((4, len(slots)))
+        source_slot -= 1
 
         index = self._index.get(table.cs_id)
         if index is None or index.table is not table:
             index = self._index[table.cs_id] = KeyIndex(table)
-        if len(slots) == len(table.by_address):
-            candidates = table.live_mask
-        else:  # some expired: leave them out
-            candidates = int.from_bytes(np.packbits(live, bitorder="little").tobytes(), "little")
         keys = request.block_keys
         best_src: tuple[float, int, float, float] | None = None  # (-expected, slot, tok, fetch)
         if len(keys):
@@ -360,7 +386,12 @@ class PathSelector:
             raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
         runner = None
         if len(order) > 1:
-            runner = self._estimate(table, slots, order[1], request, terms)
+            second = order[1]
+            held_then = self._candidate(table, slots, second, source_slot)
+
+            def runner() -> Estimate:
+                return self._estimate(table, slots, second, request, terms, held_then)
+
         chosen_slot = int(slots[order[0]])
         work = best.prefill_ms / 1000 * table.prefill_tps[chosen_slot]
         pend.tokens[chosen_slot] += work
@@ -395,15 +426,18 @@ class PathSelector:
         tokens = request.prompt_tokens
         cached_tokens = np.minimum(tokens, exp_blocks * block)
         fetch_h = np.zeros(len(hs))
-        for j in np.flatnonzero(~table.hbm_only[hs]).tolist():
-            inst = table.instances[int(hs[j])]
-            assert inst is not None
-            fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(request.block_keys[: ks[j]]))
+        hbm_only = table.hbm_only[hs]
+        if not hbm_only.all():
+            for j in np.flatnonzero(~hbm_only).tolist():
+                inst = table.instances[int(hs[j])]
+                assert inst is not None
+                fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(request.block_keys[: ks[j]]))
         prefill_h = (tokens - cached_tokens) * ms_per_token[idx]
         cached[idx], expected[idx] = ks, exp_blocks
         fetch[idx], prefill[idx] = fetch_h, prefill_h
         total[idx] = base[idx] + fetch_h + prefill_h
-        j = int(np.lexsort((hs, -exp_blocks))[0])
+        most = exp_blocks.max()  # the best source: most expected blocks, then lowest slot
+        j = int(np.flatnonzero(exp_blocks == most)[np.argmin(hs[exp_blocks == most])])
         return (-float(exp_blocks[j]), int(hs[j]), float(cached_tokens[j]), float(fetch_h[j]))
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
@@ -432,13 +466,16 @@ class PathSelector:
         keys = request.block_keys
         block = src.block_size or self.config.default_block_size
         nblocks = int(np.ceil(cached_tokens / block))
+        bpb = int(table.max_block_bytes[src_slot])
         if table.hbm_only[src_slot]:
-            codes = [int(Tier.HBM)] if nblocks else []
+            tier_bw = float(table.tier0_mbps[src_slot]) if nblocks else INF
+            latency = float(table.tier0_latency_ms[src_slot]) if nblocks else 0.0
         else:
             codes = [c for c in np.unique(src.prefix_tiers(keys[:nblocks])).tolist() if c]
-        tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
-        bpb = max((t.bytes_per_block for t in src.tiers.values()), default=0)
-        latency = max((src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0)
+            tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
+            latency = max(
+                (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
+            )
         remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
@@ -461,6 +498,15 @@ class PathSelector:
         source_slot[better] = src_slot
         return bool(better.any())
 
+    @staticmethod
+    def _candidate(
+        table: ServiceTable, slots: np.ndarray, i: int, source_slot: np.ndarray
+    ) -> tuple[Instance, Instance | None]:
+        inst = table.instances[int(slots[i])]
+        assert inst is not None
+        src = table.instances[int(source_slot[i])] if source_slot[i] >= 0 else None
+        return inst, src
+
     def _estimate(
         self,
         table: ServiceTable,
@@ -468,13 +514,15 @@ class PathSelector:
         i: int,
         request: Request,
         terms: tuple[np.ndarray, ...],
+        instances: tuple[Instance, Instance | None] | None = None,
     ) -> Estimate:
-        """The terms of candidate `i` (an index into `slots`), as an Estimate."""
+        """The terms of candidate `i` (an index into `slots`), as an Estimate; the
+        instance and its KV source may be given as they were at decision time."""
         rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot = terms
-        inst = table.instances[int(slots[i])]
-        assert inst is not None
+        if instances is None:
+            instances = self._candidate(table, slots, i, source_slot)
+        inst, src = instances
         path = self._path(request.ingress, inst.site_id)
-        src = table.instances[int(source_slot[i])] if source_slot[i] >= 0 else None
         return Estimate(
             address=inst.address,
             site_id=inst.site_id,
