@@ -476,7 +476,6 @@ class PathSelector:
             latency = max(
                 (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
             )
-        remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
         widest = min(self._max_bandwidth(node, table), tier_bw)
@@ -484,8 +483,12 @@ class PathSelector:
         if len(leaders) > 1:
             first, second = total[leaders[0]], total[leaders[1]]
             bar = max(float(second), float(first) + self.config.spread_ms)
-            if float((base + remote_prefill).min()) + fastest > bar:
+            least = float(base.min()) + (request.prompt_tokens - cached_tokens) * float(
+                ms_per_token.min()
+            )
+            if least + fastest > bar:
                 return False
+        remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
         delay, bw = self._site_vectors(node, table, slots)
         link_bw = np.minimum(bw, tier_bw)
         pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
