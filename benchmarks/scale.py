@@ -51,6 +51,7 @@ from catsproto.node import (
 from catsproto.node.aggregate import SiteAggregator, SiteMember
 from catsproto.security import Policy, Receiver, SigningKey, TrustStore, authorise, sign
 from catsproto.selector import RIB, Network, Path, PathSelector, Request, SelectorConfig
+from catsproto.selector.fleet import FleetProbe
 from catsproto.wire import Origin, Tier
 
 TRACE = find_trace()
@@ -318,8 +319,17 @@ def load_rib(
     elapsed = time.perf_counter() - t0
     gc.collect()
     mem = tracemalloc.get_traced_memory()[0] - base
+    # the selector's fleet probe: every filter's slot values side by side, built once
+    probe = FleetProbe(rib.services[CS_ID])
+    probe.sync()
+    gc.collect()
+    index_mem = tracemalloc.get_traced_memory()[0] - base - mem
+    del probe
     tracemalloc.stop()
     return rib, {
+        "index_bytes": index_mem,
+        "index_mib": index_mem / 2**20,
+        "selector_mib": (mem + index_mem) / 2**20,
         "origins": sites * (instances if mode == "per-instance" else 1),
         "routes": routes,
         "rib_bytes": mem,
@@ -494,7 +504,10 @@ def targets(result: dict, sites: int = 1000) -> dict:
     out: dict = {}
     if agg:
         out["aggregated_rib_mib"] = agg["rib_mib"]
-        out["aggregated_rib_le_1GiB"] = agg["rib_mib"] is not None and agg["rib_mib"] <= 1024
+        # with the selector's fleet probe (its copy of the filters) where it was measured
+        whole = agg.get("selector_mib", agg["rib_mib"])
+        out["aggregated_selector_mib"] = whole
+        out["aggregated_rib_le_1GiB"] = whole is not None and whole <= 1024
         if "decide" in agg:
             out["aggregated_decision_p99_ms"] = agg["decide"]["p99_ms"]
             out["decision_le_1ms_p99"] = agg["decide"]["p99_ms"] <= 1.0

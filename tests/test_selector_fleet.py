@@ -149,7 +149,7 @@ def test_walk_gives_each_instance_its_leading_run():
     rib = RIB(hold_time_ms=10**9)
     prompt = rng.integers(0, 2**64 - 1, size=128, dtype=np.uint64)
     depth = {}
-    for i in range(120):  # more than WIDE instances: the first key is asked of everyone
+    for i in range(120):  # the first key is asked of all 120, the rest of its holders
         d = int(rng.integers(0, 129)) if i % 3 == 0 else 0
         other = rng.integers(0, 2**64 - 1, size=500, dtype=np.uint64)
         keys = np.concatenate([prompt[:d], other])

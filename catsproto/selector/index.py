@@ -10,11 +10,11 @@ asked of them alone.
 
 Masks come from the fleet probe (`fleet.py`), which answers a batch of keys for many
 instances in one vector pass, and are remembered per *chunk* of the prompt. The walk cuts
-the prompt into chunks by a rule that depends only on the position and the number of
-instances still running — a single key while more than `WIDE` are (the first key of a
-new prompt is asked of everyone, the rest of the chunk only of its holders), then
-`CHUNK` keys, then the rest of the prompt — so a prompt that recurs against unchanged
-state meets the same chunks. A chunk is named by its last key and length (chained keys:
+the prompt into chunks at fixed positions — the first key alone (a new prompt's first
+key is asked of everyone, and it sorts out all but the holders and a few false
+positives), then `CHUNK` keys, then the rest, each asked only of who is still running —
+so a prompt that recurs meets the same chunks, and a new one costs three vector passes
+however widely its prefix is held. A chunk is named by its last key and length (chained keys:
 the last names all before it) and remembered with the set of slots its masks are valid
 for (its scope) and the table generation it was computed at. A later walk reuses it when
 its running set lies inside the scope, after re-probing only the slots whose summaries
@@ -31,7 +31,6 @@ from catsproto.selector.fleet import FleetProbe
 from catsproto.selector.rib import ServiceTable
 
 CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by then
-WIDE = 64  # more instances than this in the running: ask one key of them at a time
 
 
 @dataclass
@@ -63,12 +62,9 @@ class KeyIndex:
         n = len(keys)
         pos = 0
         while pos < n and running:
-            if running.bit_count() > WIDE:
-                end = pos + 1
-            elif pos <= 1:
-                end = min(n, pos + CHUNK)
-            else:
-                end = n
+            # chunks at fixed positions, so a recurring prompt meets the same ones: the
+            # first key alone (asked of everyone), then CHUNK keys, then the rest
+            end = 1 if pos == 0 else min(n, pos + CHUNK) if pos == 1 else n
             chunk = self._chunk(keys, pos, end, running)
             if running & chunk.all_held == running:
                 pos = end
