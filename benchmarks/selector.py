@@ -107,16 +107,20 @@ def time_calls(fn, reqs, seconds: float, once: bool = False) -> dict[str, float]
     """Latency of fn over reqs, cycling through them for `seconds` (or each only once)."""
     lat = []
     start = time.perf_counter()
+    cpu0 = time.process_time()
     i = 0
     while (time.perf_counter() - start < seconds or i < 20) and not (once and i >= len(reqs)):
         t0 = time.perf_counter()
         fn(reqs[i % len(reqs)])
         lat.append(time.perf_counter() - t0)
         i += 1
+    cpu = time.process_time() - cpu0
     arr = np.array(lat) * 1000
     return {
         "calls": len(lat),
         "decisions_per_s": round(len(lat) / sum(lat), 1),
+        # per second of this process's CPU time: one core's rate, whatever else runs
+        "decisions_per_cpu_s": round(len(lat) / cpu, 1) if cpu > 0 else None,
         "p50_ms": round(float(np.percentile(arr, 50)), 4),
         "p99_ms": round(float(np.percentile(arr, 99)), 4),
     }
