@@ -10,6 +10,15 @@ For the data plane (flows steered to instances, docs/steering.md): an ExaBGP nod
 announces the subnet of every link it has to a plain host (a node without a
 catsproto.role, such as the ingress's client) so that replies find their way back, and
 BIRD exports its BGP routes to the kernel as FRR's zebra does.
+
+Route reflectors (RFC 4456; a node labelled `catsproto.route-reflector`): FRR gets
+`neighbor X route-reflector-client` for each same-AS client and `bgp cluster-id` when
+the topology names one; BIRD gets `rr client;` and `rr cluster id`. BIRD treats an
+iBGP session as multihop and resolves its next hops recursively by default, which
+needs an IGP we do not run, so its iBGP sessions are marked `direct` (every client is
+on a link of the reflector; the next hop is resolved on that link). Both
+reflect the next hop unchanged, so the attribute and the route reach the other clients
+as the originating site sent them, plus ORIGINATOR_ID and CLUSTER_LIST.
 """
 
 from __future__ import annotations
@@ -148,6 +157,8 @@ def frr_bgpd_conf(topo: Topology, node: str) -> str:
     ]
     if n.graceful_restart:
         out += [" bgp graceful-restart", f" bgp graceful-restart restart-time {n.graceful_restart}"]
+    if n.route_reflector and n.cluster_id:
+        out.append(f" bgp cluster-id {n.cluster_id}")
     nbs = topo.neighbors(node)
     for nb in nbs:
         peer = nb.remote.address.ip  # type: ignore[union-attr]
@@ -158,7 +169,11 @@ def frr_bgpd_conf(topo: Topology, node: str) -> str:
             f" neighbor {peer} advertisement-interval 0",
         ]
     out.append(" address-family ipv4 unicast")
-    out += [f"  neighbor {nb.remote.address.ip} activate" for nb in nbs]  # type: ignore[union-attr]
+    for nb in nbs:
+        peer = nb.remote.address.ip  # type: ignore[union-attr]
+        out.append(f"  neighbor {peer} activate")
+        if nb.rr_client:
+            out.append(f"  neighbor {peer} route-reflector-client")
     out += [" exit-address-family", ""]
     return "\n".join(out)
 
@@ -180,11 +195,14 @@ def bird_conf(topo: Topology, node: str) -> str:
             "  hold time 9;",
             "  connect retry time 1;",
             "  enable extended messages on;",
+            *(["  rr client;"] if nb.rr_client else []),
+            *([f"  rr cluster id {n.cluster_id};"] if nb.rr_client and n.cluster_id else []),
             *(
                 ["  graceful restart on;", f"  graceful restart time {n.graceful_restart};"]
                 if n.graceful_restart
                 else []
             ),
+            *(["  direct;"] if nb.ibgp else []),  # a link peer: next hop on the link
             "  ipv4 { import all; export all; };",
             "}",
             "",

@@ -11,7 +11,11 @@ itself accepts, so the same file deploys with `containerlab deploy`:
 * links use containerlab's extended veth form: per-endpoint `ipv4` addresses, and
   `vars: {delay: 5ms, rate: 1gbit}` for the netem shaping of both directions.
 
-Every link between two BGP nodes is one eBGP session (the ASNs must differ).
+Every link between two BGP nodes is one BGP session: eBGP where the ASNs differ; iBGP
+where they are the same, which is allowed only if one end is a route reflector
+(`catsproto.route-reflector: "true"`, optionally `catsproto.cluster-id`): its same-AS
+peers that are not reflectors themselves are its route-reflector clients (RFC 4456), so
+sites peer only with the reflectors and need no full mesh among themselves.
 This module is pure: `from_dict` takes the parsed YAML; `load` reads the file.
 """
 
@@ -59,6 +63,8 @@ class Node:
     graceful_restart: int = 0  # RFC 4724 restart time (s) offered on its sessions; 0: off
     restart_helper: int = 0  # receiver: keep a downed peer's routes this long, stale
     instances: tuple[InstanceSpec, ...] = ()
+    route_reflector: bool = False  # RFC 4456: reflects between its same-AS clients
+    cluster_id: str | None = None  # RFC 4456 CLUSTER_ID (default: the router-id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,8 @@ class Neighbor:
     local: Endpoint
     remote: Endpoint
     remote_asn: int
+    ibgp: bool = False  # same AS at both ends
+    rr_client: bool = False  # `local` is a route reflector and `remote` its client
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +110,18 @@ class Topology:
                 if local.node == node and remote.node in self.nodes:
                     if local.address is None or remote.address is None:
                         raise TopologyError(f"link {link.name} between BGP nodes needs addresses")
-                    out.append(Neighbor(local, remote, self.nodes[remote.node].asn))
+                    here, there = self.nodes[node], self.nodes[remote.node]
+                    out.append(
+                        Neighbor(
+                            local,
+                            remote,
+                            there.asn,
+                            ibgp=there.asn == here.asn,
+                            rr_client=there.asn == here.asn
+                            and here.route_reflector
+                            and not there.route_reflector,
+                        )
+                    )
         return out
 
     def router_id(self, node: str) -> str:
@@ -176,6 +195,17 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
         asn = int(labels["asn"])
     except (KeyError, ValueError):
         raise TopologyError(f"node {name}: label catsproto.asn missing or not a number") from None
+    reflector = _bool(labels.get("route-reflector", False))
+    if reflector and role not in ("frr", "bird"):
+        raise TopologyError(f"node {name}: only frr or bird nodes can be route reflectors")
+    cluster_id = labels.get("cluster-id")
+    if cluster_id is not None:
+        try:
+            cluster_id = str(ipaddress.IPv4Address(str(cluster_id)))
+        except ValueError:
+            raise TopologyError(
+                f"node {name}: cluster-id {cluster_id!r} is not an IPv4 address"
+            ) from None
     instances = tuple(
         _instance(name, key.split(".", 1)[1], value)
         for key, value in sorted(labels.items())
@@ -193,6 +223,8 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
         graceful_restart=int(labels.get("graceful-restart", 0)),
         restart_helper=int(labels.get("restart-helper", 0)),
         instances=instances,
+        route_reflector=reflector,
+        cluster_id=cluster_id,
     )
 
 
@@ -238,8 +270,11 @@ def from_dict(doc: dict[str, Any]) -> Topology:
     result = Topology(str(doc.get("name", "lab")), nodes, tuple(links))
     for name, node in nodes.items():
         for nb in result.neighbors(name):
-            if nb.remote_asn == node.asn:
-                raise TopologyError(f"{name} and {nb.remote.node} share AS {node.asn}: eBGP only")
+            if nb.ibgp and not (node.route_reflector or nodes[nb.remote.node].route_reflector):
+                raise TopologyError(
+                    f"{name} and {nb.remote.node} share AS {node.asn}: eBGP only, or iBGP "
+                    "with a route reflector (label catsproto.route-reflector on one end)"
+                )
     return result
 
 
