@@ -10,6 +10,7 @@ the other still delivers. The lab tests need root; under CI=true they always run
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import time
@@ -21,7 +22,7 @@ import yaml
 
 from catsproto import security, wire
 from catsproto.adapters import netns
-from catsproto.lab import configs, reflectors, runner, topology
+from catsproto.lab import configs, reflectors, runner, topology, view
 from catsproto.lab.instances import instance_routes, lab_key, write_lab_trust
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
@@ -102,6 +103,29 @@ def test_reflected_routes_parses_exabgp_json():
         b"\x01\x02",
     )
     assert reflectors.reflected_routes([line, down]) == {}
+
+
+def test_status_names_the_reflectors_a_route_came_through():
+    t = topology.load(RR_FILE)
+    adv = wire.Advertisement.build(
+        wire.Version(1),
+        wire.Origin(100, 2, ipaddress.ip_address("10.64.0.3")),
+        wire.Sequence(epoch=1, sequence=4),
+        wire.Timestamp(1),
+    )
+    value = wire.encode(adv).hex()
+    route = {"origin": "10.64.0.3", "site_id": 2, "sequence": 4, "bytes": 40, "value": value}
+    rib = {
+        "routes": [
+            {**route, "peer": "10.1.0.6", "as_path": [], "verified": True},
+            {**route, "peer": "10.2.0.6", "as_path": [], "verified": True},
+        ]
+    }
+    (row,) = view.origin_rows(rib, t)
+    assert row[0] == "10.64.0.3" and row[3] == "2"
+    assert row[6] == "rr1(frr) | rr2(bird)" and row[7] == "yes"
+    rib["routes"].pop()
+    assert view.origin_rows(rib, t)[0][6] == "rr1(frr)"
 
 
 # ---- real daemons -------------------------------------------------------------------------

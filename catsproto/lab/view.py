@@ -16,9 +16,22 @@ def as_names(topology: Topology) -> dict[int, str]:
     return {n.asn: f"{n.name}({n.role})" for n in topology.nodes.values()}
 
 
+def peer_names(topology: Topology) -> dict[str, str]:
+    """{link address: "node(role)"} for every BGP node's addressed link ends."""
+    out = {}
+    for link in topology.links:
+        for end in (link.a, link.b):
+            if end.address is not None and end.node in topology.nodes:
+                out[str(end.address.ip)] = f"{end.node}({topology.nodes[end.node].role})"
+    return out
+
+
 def origin_rows(rib: dict[str, Any], topology: Topology) -> list[list[str]]:
-    """One row per origin: address, site, sequence, routes, blocks, path, verified."""
+    """One row per origin: address, site, sequence, routes, blocks, path, verified.
+    The path is the transit ASes; over iBGP (an empty AS path: route reflection) it is
+    the reflectors the routes came through, `rr1(frr) | rr2(bird)`."""
     names = as_names(topology)
+    peers = peer_names(topology)
     by_origin: dict[str, list[dict[str, Any]]] = {}
     for route in rib.get("routes", []):
         by_origin.setdefault(route["origin"], []).append(route)
@@ -34,6 +47,9 @@ def origin_rows(rib: dict[str, Any], topology: Topology) -> list[list[str]]:
                 blocks += sum(e.entry_count for e in adv.cache_summaries.entries)
         longest = max((r.get("as_path", []) for r in routes), key=len)
         transits = [names.get(asn, str(asn)) for asn in longest[:-1]]
+        if not longest:  # iBGP: name the peers (reflectors) it came through
+            via = sorted({peers.get(r.get("peer", ""), r.get("peer", "?")) for r in routes})
+            transits = [" | ".join(via)] if via else []
         rows.append(
             [
                 origin,
