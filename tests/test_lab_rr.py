@@ -69,6 +69,23 @@ def test_sites_peer_only_with_the_reflectors_as_their_clients():
     assert "rr client" not in configs.bird_conf(t4, "b4")
 
 
+def test_reflectors_can_send_nothing_to_sites_that_only_announce():
+    doc = reflectors.reflector_topology(3, 1, receivers=1, reflect_to="receivers")
+    t = topology.from_dict(doc)
+    assert [nb.export_none for nb in t.neighbors("rr1")] == [False, True, True]
+    bgpd = configs.frr_bgpd_conf(t, "rr1")
+    assert "neighbor 10.1.0.5 route-map CATS-SEND-NONE out" not in bgpd
+    assert "neighbor 10.1.0.9 route-map CATS-SEND-NONE out" in bgpd
+    assert "route-map CATS-SEND-NONE deny 10" in bgpd
+    bird = configs.bird_conf(t, "rr2")
+    assert bird.count("import all; export none;") == 2
+    assert bird.count("import all; export all;") == 1
+    assert "CATS-SEND-NONE" not in configs.frr_bgpd_conf(topology.load(RR_FILE), "rr1")
+    doc["topology"]["nodes"]["rr1"]["labels"]["catsproto.reflect-to"] = "some"
+    with pytest.raises(topology.TopologyError, match="reflect-to 'some'"):
+        topology.from_dict(doc)
+
+
 def test_same_as_sessions_need_a_reflector():
     doc = yaml.safe_load(RR_FILE.read_text())
     doc["topology"]["nodes"]["rr2"]["labels"]["catsproto.route-reflector"] = "false"

@@ -16,7 +16,9 @@ Route reflectors (RFC 4456; a node labelled `catsproto.route-reflector`): FRR ge
 the topology names one; BIRD gets `rr client;` and `rr cluster id`. BIRD treats an
 iBGP session as multihop and resolves its next hops recursively by default, which
 needs an IGP we do not run, so its iBGP sessions are marked `direct` (every client is
-on a link of the reflector; the next hop is resolved on that link). Both
+on a link of the reflector; the next hop is resolved on that link). A reflector
+labelled `catsproto.reflect-to: receivers` sends nothing to clients that only announce
+(FRR: a deny-all `route-map ... out`; BIRD: `export none`). Both
 reflect the next hop unchanged, so the attribute and the route reach the other clients
 as the originating site sent them, plus ORIGINATOR_ID and CLUSTER_LIST.
 """
@@ -174,7 +176,12 @@ def frr_bgpd_conf(topo: Topology, node: str) -> str:
         out.append(f"  neighbor {peer} activate")
         if nb.rr_client:
             out.append(f"  neighbor {peer} route-reflector-client")
-    out += [" exit-address-family", ""]
+        if nb.export_none:
+            out.append(f"  neighbor {peer} route-map CATS-SEND-NONE out")
+    out += [" exit-address-family"]
+    if any(nb.export_none for nb in nbs):
+        out.append("route-map CATS-SEND-NONE deny 10")
+    out.append("")
     return "\n".join(out)
 
 
@@ -203,7 +210,7 @@ def bird_conf(topo: Topology, node: str) -> str:
                 else []
             ),
             *(["  direct;"] if nb.ibgp else []),  # a link peer: next hop on the link
-            "  ipv4 { import all; export all; };",
+            f"  ipv4 {{ import all; export {'none' if nb.export_none else 'all'}; }};",
             "}",
             "",
         ]

@@ -69,9 +69,11 @@ def reflector_topology(
     name: str = "catsrr",
     receivers: int | None = None,
     min_interval: float = 0.0,
+    reflect_to: str = "all",
 ) -> dict[str, Any]:
     """A containerlab document: `sites` ExaBGP egresses with `instances` each, clients of
-    rr1 (FRR) and rr2 (BIRD). The first `receivers` sites (default: all) also receive."""
+    rr1 (FRR) and rr2 (BIRD). The first `receivers` sites (default: all) also receive;
+    `reflect_to="receivers"`: the reflectors send nothing to the others."""
     if not 1 <= sites <= MAX_SITES:
         raise ValueError(f"sites must be 1..{MAX_SITES}, not {sites}")
     if not 0 <= instances <= 1_000_000 // sites:
@@ -92,6 +94,8 @@ def reflector_topology(
                 "catsproto.cluster-id": rid,
             },
         }
+        if reflect_to != "all":
+            nodes[rr]["labels"]["catsproto.reflect-to"] = reflect_to
     for k in range(1, sites + 1):
         labels: dict[str, Any] = {
             "catsproto.role": "exabgp",

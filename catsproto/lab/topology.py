@@ -16,6 +16,8 @@ where they are the same, which is allowed only if one end is a route reflector
 (`catsproto.route-reflector: "true"`, optionally `catsproto.cluster-id`): its same-AS
 peers that are not reflectors themselves are its route-reflector clients (RFC 4456), so
 sites peer only with the reflectors and need no full mesh among themselves.
+`catsproto.reflect-to: receivers` on a reflector sends nothing to clients that only
+announce (no `catsproto.receive`): they have no selector to feed.
 This module is pure: `from_dict` takes the parsed YAML; `load` reads the file.
 """
 
@@ -65,6 +67,7 @@ class Node:
     instances: tuple[InstanceSpec, ...] = ()
     route_reflector: bool = False  # RFC 4456: reflects between its same-AS clients
     cluster_id: str | None = None  # RFC 4456 CLUSTER_ID (default: the router-id)
+    reflect_to: str = "all"  # reflector: "receivers": clients that do not receive get none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,7 @@ class Neighbor:
     remote_asn: int
     ibgp: bool = False  # same AS at both ends
     rr_client: bool = False  # `local` is a route reflector and `remote` its client
+    export_none: bool = False  # `local` (a reflector) sends this client nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +124,10 @@ class Topology:
                             rr_client=there.asn == here.asn
                             and here.route_reflector
                             and not there.route_reflector,
+                            export_none=here.route_reflector
+                            and here.reflect_to == "receivers"
+                            and there.role == "exabgp"
+                            and not there.receive,
                         )
                     )
         return out
@@ -206,6 +214,9 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
             raise TopologyError(
                 f"node {name}: cluster-id {cluster_id!r} is not an IPv4 address"
             ) from None
+    reflect_to = str(labels.get("reflect-to", "all"))
+    if reflect_to not in ("all", "receivers"):
+        raise TopologyError(f"node {name}: reflect-to {reflect_to!r} is not all or receivers")
     instances = tuple(
         _instance(name, key.split(".", 1)[1], value)
         for key, value in sorted(labels.items())
@@ -225,6 +236,7 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
         instances=instances,
         route_reflector=reflector,
         cluster_id=cluster_id,
+        reflect_to=reflect_to,
     )
 
 
