@@ -330,3 +330,40 @@ def test_one_reflector_killed_the_other_still_delivers(tmp_path, killed):
             )
     finally:
         _down(lab)
+
+
+def test_cli_refuses_the_loopback_mode_for_reflectors_cleanly(tmp_path, capsys):
+    from catsproto import cli
+
+    code = cli.main(["lab", "up", "--topology", "catsrr", "--embedded", "--root", str(tmp_path)])
+    assert code == cli.EXIT_BAD_INPUT
+    assert "embedded mode needs one receiving" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing left
+    assert cli.main(["lab", "up", "cats3", "--topology", "catsrr"]) == cli.EXIT_BAD_INPUT
+
+
+@needs_root
+def test_cli_lab_up_topology_status_down(tmp_path, capsys):
+    from catsproto import cli
+
+    root = ["--root", str(tmp_path)]
+    assert cli.main(["lab", "up", "--topology", str(RR_FILE), "--no-feed", *root]) == 0
+    tag = next(p.name for p in tmp_path.iterdir())
+    try:
+        lab = runner.attach(tmp_path / tag)
+        expected = _publish_all(lab, sequence=1)  # no trust file here: accepted unverified
+        lab.wait_for(
+            lambda: (
+                {r["prefix"] for r in lab.routes("s4")}
+                >= {p for p, (o, _) in expected.items() if o != "s4"}
+            ),
+            20,
+            "routes at s4",
+        )
+        capsys.readouterr()
+        assert cli.main(["lab", "status", *root]) == 0
+        status = capsys.readouterr().out
+        assert "rr1(frr) | rr2(bird)" in status and "Established" in status
+    finally:
+        assert cli.main(["lab", "down", *root]) == 0
+    assert netns.leftover_namespaces(tag) == []

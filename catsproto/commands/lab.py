@@ -5,6 +5,7 @@ catsproto lab status                     # sessions and what the selector's RIB 
 catsproto lab capture e4-b4 -w x.pcap    # tcpdump on one link (BGP only)
 catsproto lab down                       # stop everything, remove the namespaces
 catsproto lab demo                       # up, watch advertisements flow, down
+catsproto lab up catsrr                  # sites behind an FRR and a BIRD route reflector
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _topology_path(text: str) -> Path:
     if not p.exists() and (LAB_DIR / f"{text}.clab.yml").exists():
         p = LAB_DIR / f"{text}.clab.yml"
     if not p.exists():
-        raise UsageError(f"no topology {text} (try lab/cats3.clab.yml or lab/cats4.clab.yml)")
+        raise UsageError(f"no topology {text} (try cats3, cats4 or catsrr, or a .clab.yml file)")
     return p
 
 
@@ -63,9 +64,15 @@ def _one_lab(args: argparse.Namespace) -> Path:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from catsproto.lab import embedded, runner
+    from catsproto.lab.errors import LabError
     from catsproto.lab.topology import TopologyError
 
-    path = _topology_path(args.topology)
+    if args.topology and args.topology_option and args.topology != args.topology_option:
+        raise UsageError("give the topology once (positional or --topology)")
+    text = args.topology or args.topology_option
+    if not text:
+        raise UsageError("which topology? e.g. `lab up cats4` or `lab up --topology X.clab.yml`")
+    path = _topology_path(text)
     started = time.monotonic()
     try:
         if args.embedded or not _can_netns():
@@ -74,8 +81,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 runner.start_feeders(lab, args.interval)
         else:
             lab = runner.up(path, _root(args), feed=not args.no_feed, feed_interval=args.interval)
-    except TopologyError as exc:
-        raise UsageError(str(exc)) from None
+    except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
+        raise UsageError(f"{path.name}: {exc}") from None
     mode = lab.handle.state.info.get("mode", "netns")
     print(f"lab {lab.tag} ({lab.topology.name}, {mode}) up in {time.monotonic() - started:.2f}s")
     print(f"run directory: {lab.run_dir}")
@@ -166,11 +173,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = _root(args) if (args.root or _can_netns()) else Path("/tmp/catsproto-lab")
     netns_mode = _can_netns() and not args.embedded
     started = time.monotonic()
-    lab = (
-        runner.up(path, root, feed=True, feed_interval=args.interval)
-        if netns_mode
-        else embedded.up(path, root)
-    )
+    try:
+        lab = (
+            runner.up(path, root, feed=True, feed_interval=args.interval)
+            if netns_mode
+            else embedded.up(path, root)
+        )
+    except runner.LabError as exc:
+        raise UsageError(f"{path.name}: {exc}") from None
     try:
         if not netns_mode:
             runner.start_feeders(lab, args.interval)
@@ -274,7 +284,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--tag", help="which lab, when several run")
 
     p = sub.add_parser("up", help="build the topology and start its daemons")
-    p.add_argument("topology", help="a .clab.yml file, or cats3 / cats4")
+    p.add_argument("topology", nargs="?", help="a .clab.yml file, or cats3 / cats4 / catsrr")
+    p.add_argument("--topology", dest="topology_option", metavar="TOPOLOGY", help="the same")
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
     p.add_argument("--interval", type=float, default=2.0, help="instance update interval (s)")
