@@ -11,6 +11,7 @@ the other still delivers. The lab tests need root; under CI=true they always run
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import time
@@ -367,3 +368,47 @@ def test_cli_lab_up_topology_status_down(tmp_path, capsys):
     finally:
         assert cli.main(["lab", "down", *root]) == 0
     assert netns.leftover_namespaces(tag) == []
+
+
+# ---- the receiver at scale: one snapshot per burst, not per change -------------------------
+
+
+def test_receiver_writes_its_snapshot_once_a_burst_is_taken_in(tmp_path):
+    from catsproto.adapters import exabgp_receive as rx
+
+    rib = rx.CacheRib()
+    sink = rx.FileSink(tmp_path, rib, coalesce=True)
+    values = {}
+    for i in range(3):
+        adv = wire.Advertisement.build(
+            wire.Version(1),
+            wire.Origin(100, 2, ipaddress.ip_address(f"10.64.0.{i + 1}")),
+            wire.Sequence(epoch=1, sequence=1),
+            wire.Timestamp(1),
+        )
+        values[f"10.64.0.{i + 1}/32"] = wire.encode(adv).hex()
+    lines = [
+        '{"type": "update", "neighbor": {"address": {"peer": "10.1.0.6"}, "message": {"update":'
+        f' {{"attribute": {{"attribute-0xFF-0xE0": "0x{v}"}}, "announce": {{"ipv4 unicast":'
+        f' {{"10.1.0.9": [{{"nlri": "{p}"}}]}}}}}}}}}}}}\n'
+        for p, v in values.items()
+    ]
+    read, write = os.pipe()
+    os.write(write, "".join(lines).encode())
+    idle_after: list[int] = []
+    seen: list[str] = []
+    with os.fdopen(read) as stream:
+        gen = rx.drained(stream, lambda: idle_after.append(len(seen)))
+        seen.append(next(gen))
+        assert idle_after == []  # more input was waiting: no write yet
+        rx.run([seen[0]], rib, sink)
+        assert json.loads((tmp_path / "rib.json").read_text())["routes"] == []  # deferred
+        os.close(write)
+        for line in gen:
+            seen.append(line)
+            rx.run([line], rib, sink)
+        sink.flush()
+    assert seen == lines and idle_after[-1] == 3  # once more at the end of input
+    snapshot = json.loads((tmp_path / "rib.json").read_text())
+    assert {r["prefix"]: r["value"] for r in snapshot["routes"]} == values
+    assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 3  # every change
