@@ -240,11 +240,17 @@ def converge(
 
 def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     doc = reflectors.reflector_topology(
-        n, args.instances, name=f"rrscale{n}", receivers=1, reflect_to=args.reflect_to
+        n,
+        args.instances,
+        name=f"rrscale{n}",
+        receivers=1,
+        reflect_to=args.reflect_to,
+        spool_poll=args.spool_poll,
     )
     path = root / f"rrscale{n}.clab.yml"
     path.write_text(reflectors.render(doc))
     result: dict[str, Any] = {"sites": n, "instances": n * args.instances}
+    result["load_before"] = round(os.getloadavg()[0], 2)  # the 2 cores are shared
     t0 = time.monotonic()
     lab = runner.up(path, root, tag=f"z{n}p{os.getpid() % 100}")
     try:
@@ -306,6 +312,7 @@ def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
             why.append(f"{downs} session(s) went down at the receiver")
         if result["idle_cores_total"] > args.idle_cores_max:
             why.append(f"idle lab uses {result['idle_cores_total']} cores")
+        result["load_after"] = round(os.getloadavg()[0], 2)
         result["healthy"] = not why
         if why:
             result["why"] = "; ".join(why)
@@ -326,6 +333,11 @@ def main() -> int:
     p.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measured")
     p.add_argument("--idle-cores-max", type=float, default=1.0)
     p.add_argument("--keep-going", action="store_true", help="go on after an unhealthy size")
+    p.add_argument(
+        "--spool-poll",
+        type=float,
+        help="seconds between the announce processes' spool scans (default theirs, 0.02)",
+    )
     p.add_argument(
         "--reflect-to",
         choices=["all", "receivers"],
@@ -358,6 +370,7 @@ def main() -> int:
         "keys_per_instance": args.keys,
         "rounds": args.rounds,
         "reflect_to": args.reflect_to,
+        "spool_poll": args.spool_poll,
         "sizes": sizes,
         "largest_healthy_sites": max(healthy) if healthy else None,
         "first_unhealthy_sites": unhealthy[0] if unhealthy else None,

@@ -88,6 +88,7 @@ def exabgp_conf(
             str(max_message),
             "--min-interval",
             str(n.min_interval),
+            *(["--poll", str(n.spool_poll)] if n.spool_poll is not None else []),
         ]
         lines.append(f"process announce {{ run {shlex.join(argv)}; encoder text; }}")
     if n.receive:

@@ -70,10 +70,12 @@ def reflector_topology(
     receivers: int | None = None,
     min_interval: float = 0.0,
     reflect_to: str = "all",
+    spool_poll: float | None = None,
 ) -> dict[str, Any]:
     """A containerlab document: `sites` ExaBGP egresses with `instances` each, clients of
     rr1 (FRR) and rr2 (BIRD). The first `receivers` sites (default: all) also receive;
-    `reflect_to="receivers"`: the reflectors send nothing to the others."""
+    `reflect_to="receivers"`: the reflectors send nothing to the others; `spool_poll`:
+    seconds between the announce processes' spool scans."""
     if not 1 <= sites <= MAX_SITES:
         raise ValueError(f"sites must be 1..{MAX_SITES}, not {sites}")
     if not 0 <= instances <= 1_000_000 // sites:
@@ -107,6 +109,8 @@ def reflector_topology(
             labels["catsproto.receive"] = "true"
         if min_interval:
             labels["catsproto.min-interval"] = min_interval
+        if spool_poll is not None:
+            labels["catsproto.spool-poll"] = spool_poll
         for j in range(1, instances + 1):
             g = (k - 1) * instances + j
             labels[f"catsproto.instance.s{k}i{j}"] = (

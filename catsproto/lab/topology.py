@@ -5,7 +5,7 @@ itself accepts, so the same file deploys with `containerlab deploy`:
 
 * nodes carry labels: `catsproto.role` (`exabgp`, `frr`, `bird`), `catsproto.asn`,
   optionally `catsproto.router-id`, and for ExaBGP nodes `catsproto.announce`,
-  `catsproto.receive`, `catsproto.extended-message` and one
+  `catsproto.receive`, `catsproto.extended-message`, `catsproto.spool-poll` and one
   `catsproto.instance.<name>: "csci=10.1.0.11/32 shards=10.201.11.0/28 cs-id=100 site=1"`
   per modelled inference instance behind that egress;
 * links use containerlab's extended veth form: per-endpoint `ipv4` addresses, and
@@ -62,6 +62,7 @@ class Node:
     receive: bool = False
     extended_message: bool = True
     min_interval: float = 0.0
+    spool_poll: float | None = None  # announce: seconds between spool scans (None: its default)
     graceful_restart: int = 0  # RFC 4724 restart time (s) offered on its sessions; 0: off
     restart_helper: int = 0  # receiver: keep a downed peer's routes this long, stale
     instances: tuple[InstanceSpec, ...] = ()
@@ -231,6 +232,7 @@ def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
         receive=_bool(labels.get("receive", False)),
         extended_message=_bool(labels.get("extended-message", True)),
         min_interval=float(labels.get("min-interval", 0.0)),
+        spool_poll=float(labels["spool-poll"]) if "spool-poll" in labels else None,
         graceful_restart=int(labels.get("graceful-restart", 0)),
         restart_helper=int(labels.get("restart-helper", 0)),
         instances=instances,
