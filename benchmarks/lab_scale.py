@@ -210,15 +210,14 @@ def converge(
     done: dict[str, float] = {} if at_reflectors else {"frr": float("nan"), "bird": float("nan")}
     last: dict[str, int] = {}
     while time.monotonic() - t0 < timeout and len(done) < 3:
-        now = time.monotonic() - t0
         if "frr" not in done:
             last["frr"] = frr_state(lab)[1]
             if last["frr"] >= total:
-                done["frr"] = now
+                done["frr"] = time.monotonic() - t0
         if "bird" not in done:
             last["bird"] = bird_state(lab)[1]
             if last["bird"] >= total:
-                done["bird"] = now
+                done["bird"] = time.monotonic() - t0
         if "receiver_rib" not in done:
             last["receiver_rib"] = receiver_count(lab, want)
             if last["receiver_rib"] >= len(want):
