@@ -237,6 +237,58 @@ def converge(
     }
 
 
+def receiver_profile(sites: list[int], instances: int, keys: int) -> list[dict[str, Any]]:
+    """The receive process alone, fed offline what s1 hears at each size (every other
+    site's routes from two reflectors, as ExaBGP's JSON): CPU ms a route to decode and
+    verify, then with `rib.json` rewritten after every change, then coalesced."""
+    from catsproto.adapters import exabgp_receive as rx
+    from catsproto.lab import topology
+
+    out = []
+    for n in sites:
+        t = topology.from_dict(reflectors.reflector_topology(n, instances, receivers=1))
+        now = int(time.time() * 1000)
+        lines = []
+        for name, node in t.nodes.items():
+            for spec in node.instances if name != RECEIVER else ():
+                rng = np.random.default_rng(spec.site_id)
+                routes = instance_routes(
+                    spec,
+                    rng.integers(0, 2**63, keys, dtype=np.uint64),
+                    sequence=1,
+                    now_ms=now,
+                    max_message=65535,
+                    signer=lab_key(t, spec.name),
+                )
+                for prefix, value in routes.items():
+                    for peer in ("10.1.0.6", "10.2.0.6"):
+                        update = {
+                            "attribute": {"attribute-0xFF-0xE0": "0x" + value.hex()},
+                            "announce": {"ipv4 unicast": {"10.1.0.9": [{"nlri": str(prefix)}]}},
+                        }
+                        msg = {"address": {"peer": peer}, "message": {"update": update}}
+                        lines.append(json.dumps({"type": "update", "neighbor": msg}))
+        row: dict[str, Any] = {"sites": n, "routes": len(lines)}
+        with tempfile.TemporaryDirectory() as d:
+            write_lab_trust(t, f"{d}/trust.json", now)
+            for mode in ("verify", "snapshot_every_change", "coalesced"):
+                rib = rx.CacheRib(verifier=rx.TrustFileVerifier(f"{d}/trust.json"))
+                sink: Any = (
+                    (lambda change: None)
+                    if mode == "verify"
+                    else rx.FileSink(f"{d}/{mode}", rib, coalesce=mode == "coalesced")
+                )
+                t0 = time.process_time()
+                rx.run(lines, rib, sink)
+                if mode == "coalesced":
+                    sink.flush()
+                row[f"{mode}_ms_per_route"] = round(
+                    1000 * (time.process_time() - t0) / len(lines), 3
+                )
+        out.append(row)
+    return out
+
+
 def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     doc = reflectors.reflector_topology(
         n,
@@ -344,7 +396,16 @@ def main() -> int:
         help="all: every site hears every route (as if each had a selector); receivers: "
         "the reflectors send nothing to the sites that only announce",
     )
+    p.add_argument(
+        "--receiver-profile",
+        action="store_true",
+        help="only feed the receive process offline at each size (no lab, no root)",
+    )
     args = p.parse_args()
+    if args.receiver_profile:
+        profile = receiver_profile(args.sites, args.instances, args.keys)
+        print(json.dumps({"benchmark": "lab_scale receiver", "sizes": profile}, indent=1))
+        return 0
     if os.geteuid() != 0:
         print("lab_scale needs root (network namespaces, FRR, BIRD)", file=sys.stderr)
         return 2
