@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
+from catsproto.wire.compiled import FastDecoder, compile_record
 from catsproto.wire.errors import BadValueError
 from catsproto.wire.fields import JSON, Record
 
@@ -85,7 +86,11 @@ AnyTLV = TLV | UnknownTLV
 
 
 class Registry:
-    """Type code → TLV class. Immutable once built; `extended` returns a new one."""
+    """Type code → TLV class. Immutable once built; `extended` returns a new one.
+
+    `compiled` maps each type code to its class's compiled decoder (`wire.compiled`),
+    built here once; `decode_tlv` is the reference path.
+    """
 
     def __init__(self, classes: Iterable[type[TLV]] = ()):
         by_type: dict[int, type[TLV]] = {}
@@ -102,6 +107,9 @@ class Registry:
             by_name[cls.NAME] = cls
         self.by_type: Mapping[int, type[TLV]] = MappingProxyType(by_type)
         self.by_name: Mapping[str, type[TLV]] = MappingProxyType(by_name)
+        self.compiled: Mapping[int, FastDecoder] = MappingProxyType(
+            {code: compile_record(cls) for code, cls in by_type.items()}
+        )
 
     def extended(self, *classes: type[TLV]) -> Registry:
         return Registry([*self.by_type.values(), *classes])
