@@ -43,7 +43,7 @@ from catsproto.security.errors import (
 from catsproto.security.identity import key_id
 from catsproto.security.replay import ReplayWindow, RouteKey, RouteState
 from catsproto.security.sealing import GroupKeyring, open_sealed
-from catsproto.security.signing import IPNetwork, signed_message, without_signature
+from catsproto.security.signing import IPNetwork, received_message, signature_span
 from catsproto.security.trust import Authorisation, TrustStore
 from catsproto.wire import Advertisement, CodecError, Delegation
 
@@ -130,6 +130,16 @@ def _signer(
     return learned, learned
 
 
+def _signature_span(value: bytes, adv: Advertisement, signature: wire.Signature) -> tuple[int, int]:
+    """Where the signature TLV sits in `value`: the value is canonical, so when the
+    signature is the last TLV (no unknown type above 255 follows) it is the last
+    4 + 2 + len(key_id) + len(signature) bytes; otherwise walk the TLV headers."""
+    if adv.tlvs[-1] is signature:
+        end = len(value)
+        return end - 6 - len(signature.key_id) - len(signature.signature), end
+    return signature_span(value)
+
+
 def _verify(
     value: bytes,
     nlri: IPNetwork,
@@ -168,7 +178,8 @@ def _verify(
             raise ReplayedError(
                 f"(epoch, sequence) {position} is below the last accepted {previous.position}"
             )
-        message = signed_message(without_signature(value), nlri, policy.attribute_type)
+        span = _signature_span(value, adv, signature)
+        message = received_message(value, nlri, policy.attribute_type, span)
         if not auth.node.verify(signature.signature, message):
             raise BadSignatureError(
                 f"Ed25519 signature by key {signature.key_id.hex()} does not verify "
@@ -265,13 +276,13 @@ class Receiver:
         """The receiver after `verdict`: counted; window and trust move only on OK."""
         counters = self.counters.record(verdict.reason)
         if not verdict.ok:
-            return dataclasses.replace(self, counters=counters)
+            return Receiver(self.trust, self.window, self.policy, self.group_keys, counters)
         assert verdict.route is not None and verdict.state is not None
         trust = self.trust
         if verdict.learned is not None:
             trust = trust.with_authorisation(verdict.learned)
         window = self.window.with_entry(verdict.route, verdict.state)
-        return dataclasses.replace(self, trust=trust, window=window, counters=counters)
+        return Receiver(trust, window, self.policy, self.group_keys, counters)
 
     def receive(
         self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int
@@ -281,4 +292,5 @@ class Receiver:
 
     def expire(self, now_ms: int) -> Receiver:
         """Forget routes whose last accepted advertisement is past the freshness window."""
-        return dataclasses.replace(self, window=self.window.expire(now_ms, self.policy.max_age_ms))
+        window = self.window.expire(now_ms, self.policy.max_age_ms)
+        return Receiver(self.trust, window, self.policy, self.group_keys, self.counters)
