@@ -222,9 +222,9 @@ def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertiseme
 _TLV_HEADER = struct.Struct(">HH")
 _MANDATORY_TYPES = frozenset(cls.TYPE for cls in MANDATORY)
 # What a compiled decoder may raise on bytes it does not take (Fallback from its own
-# checks, CodecError from a record's validate, ValueError from bytes.decode): the
-# reference decoder then decides.
-_FALLBACK = (Fallback, CodecError, ValueError, IndexError, struct.error)
+# checks, KeyError from an enum lookup, CodecError from a record's validate, ValueError
+# from bytes.decode): the reference decoder then decides.
+_FALLBACK = (Fallback, CodecError, ValueError, KeyError, IndexError, struct.error)
 
 
 def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Advertisement:
@@ -252,9 +252,7 @@ def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Adv
             setattr_(tlv, "type", tlv_type)
             setattr_(tlv, "value", data[pos:stop])
         else:
-            tlv, pos = decoder(data, pos, stop)
-            if pos != stop:
-                raise Fallback
+            tlv = decoder(data, pos, stop)
         tlvs.append(tlv)
         pos = stop
     if mandatory != len(_MANDATORY_TYPES):

@@ -61,7 +61,6 @@ class _Source:
             "new": object.__new__,
             "setattr_": object.__setattr__,
             "Reader": Reader,
-            "memoryview": memoryview,
             "FMAX": _FLOAT_MAX,
         }
         self._n = 0
@@ -89,10 +88,9 @@ def _convert(src: _Source, ind: int, codec: FieldCodec, v: str) -> None:
     if isinstance(codec, OpenEnumCodec):  # any code; known ones become members
         members = src.const("M", codec.members)
         src.emit(ind, f"{v} = {members}.get({v}, {v})")
-    elif isinstance(codec, EnumCodec):
+    elif isinstance(codec, EnumCodec):  # an unknown code raises KeyError: fallback
         members = src.const("M", codec.members)
-        src.emit(ind, f"{v} = {members}.get({v})")
-        src.emit(ind, f"if {v} is None: raise Fallback")
+        src.emit(ind, f"{v} = {members}[{v}]")
     elif isinstance(codec, UInt):
         full = (1 << (8 * codec.width)) - 1
         if codec.lo > 0 and codec.hi < full:
@@ -108,12 +106,25 @@ def _convert(src: _Source, ind: int, codec: FieldCodec, v: str) -> None:
         src.emit(ind, f"{v} = {c}.convert({v}, '', 0, None)")
 
 
+def _setter(cls: type[Record], name: str) -> Callable[[object, object], None] | None:
+    """The slot's own `__set__` (a frozen dataclass refuses `setattr`; the slot does not)."""
+    for klass in cls.__mro__:
+        slot = klass.__dict__.get(name)
+        if slot is not None:
+            return getattr(slot, "__set__", None)
+    return None
+
+
 def _build(src: _Source, ind: int, cls: type[Record], values: list[str], out: str) -> None:
     """Lines making `out`, an instance of `cls` holding `values`, then its `validate`."""
     k = src.const("K", cls)
     src.emit(ind, f"{out} = new({k})")
     for (name, _), v in zip(cls._LAYOUT, values, strict=True):
-        src.emit(ind, f"setattr_({out}, {name!r}, {v})")
+        setter = _setter(cls, name)
+        if setter is None:
+            src.emit(ind, f"setattr_({out}, {name!r}, {v})")
+        else:
+            src.emit(ind, f"{src.const('set_' + name + '_', setter)}({out}, {v})")
     if cls.validate is not Record.validate:
         src.emit(ind, f"{out}.validate()")
 
@@ -181,7 +192,7 @@ def _items(src: _Source, ind: int, codec: Items, v: str) -> None:
         src.emit(ind, f"if pos == end or (end - pos) % {size}: raise Fallback")
         values = [src.var() for _ in run.fields]
         unpacked = ", ".join(values) + ("," if len(values) == 1 else "")
-        src.emit(ind, f"for {unpacked} in {s}.iter_unpack(memoryview(data)[pos:end]):")
+        src.emit(ind, f"for {unpacked} in {s}.iter_unpack(data[pos:end]):")
         for (_, fc), fv in zip(run.fields, values, strict=True):
             _convert(src, ind + 1, fc, fv)
         obj = src.var("o")
@@ -238,6 +249,15 @@ def compile_record(cls: type[Record]) -> FastDecoder:
     Reads one `cls` from `data[pos:end]`, leaving any bytes after it to the caller.
     The generated source is kept as the function's `source` attribute.
     """
+    return _compile(cls, whole=False)  # type: ignore[return-value]
+
+
+def compile_tlv_value(cls: type[Record]) -> Callable[[bytes, int, int], Any]:
+    """`decode(data, pos, end) -> record` for a TLV value that must fill `[pos, end)`."""
+    return _compile(cls, whole=True)
+
+
+def _compile(cls: type[Record], whole: bool) -> Callable[[bytes, int, int], Any]:
     src = _Source()
     values: list[str] = []
     for step in cls._STEPS:
@@ -246,7 +266,11 @@ def compile_record(cls: type[Record]) -> FastDecoder:
         else:
             values.append(_field(src, 1, *step))
     _build(src, 1, cls, values, "obj")
-    src.emit(1, "return obj, pos")
+    if whole:
+        src.emit(1, "if pos != end: raise Fallback")
+        src.emit(1, "return obj")
+    else:
+        src.emit(1, "return obj, pos")
     name = f"decode_{cls.__name__}"
     text = f"def {name}(data, pos, end):\n" + "\n".join(src.lines) + "\n"
     exec(compile(text, f"<compiled {cls.__qualname__}>", "exec"), src.names)

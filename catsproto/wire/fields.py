@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import operator
 import struct
 import typing
 from collections.abc import Callable
@@ -344,9 +345,13 @@ F64 = Float64()
 
 
 def strictly_increasing(items: tuple[Any, ...], key: Callable[[Any], Any], name: str) -> None:
-    """Canonical lists are sorted by `key` without repeats."""
-    for i in range(1, len(items)):
-        if key(items[i - 1]) >= key(items[i]):
+    """Canonical lists are sorted by `key` without repeats. (`key` is best an
+    `operator.attrgetter`: the common, passing case then runs without a Python frame.)"""
+    keys = list(map(key, items))
+    if all(map(operator.lt, keys, keys[1:])):
+        return
+    for i in range(1, len(keys)):
+        if keys[i - 1] >= keys[i]:
             raise NonCanonicalError(
                 f"{name}[{i}] is not after {name}[{i - 1}]: entries must be strictly increasing"
             )

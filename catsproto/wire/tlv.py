@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.compiled import FastDecoder, compile_record
+from catsproto.wire.compiled import compile_tlv_value
 from catsproto.wire.errors import BadValueError
 from catsproto.wire.fields import JSON, Record
 
@@ -107,9 +107,10 @@ class Registry:
             by_name[cls.NAME] = cls
         self.by_type: Mapping[int, type[TLV]] = MappingProxyType(by_type)
         self.by_name: Mapping[str, type[TLV]] = MappingProxyType(by_name)
-        self.compiled: Mapping[int, FastDecoder] = MappingProxyType(
-            {code: compile_record(cls) for code, cls in by_type.items()}
-        )
+        # a plain dict, read-only by convention: the decode loop looks it up per TLV
+        self.compiled: dict[int, Callable[[bytes, int, int], TLV]] = {
+            code: compile_tlv_value(cls) for code, cls in by_type.items()
+        }
 
     def extended(self, *classes: type[TLV]) -> Registry:
         return Registry([*self.by_type.values(), *classes])

@@ -8,6 +8,7 @@ the key named in `validate`, never empty (an empty list is an absent TLV).
 from __future__ import annotations
 
 import ipaddress
+from operator import attrgetter
 from typing import Annotated
 
 from catsproto.wire.codes import (
@@ -117,7 +118,14 @@ class L0Metric(Record):
     value: Annotated[float, F64]
 
     def key(self) -> tuple[int, int, int]:
-        return (self.metric_type, self.statistic, self.source)
+        return _L0_KEY(self)
+
+
+_L0_KEY = attrgetter("metric_type", "statistic", "source")  # list keys: no Python frame
+_BY_CATEGORY = attrgetter("category")
+_BY_TIER = attrgetter("tier")
+_BY_BLOCK_KEY = attrgetter("block_key")
+_BY_KIND_VALUE = attrgetter("kind", "value")
 
 
 @define_tlv(TLVType.METRICS_L0, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -127,7 +135,7 @@ class MetricsL0(TLV):
     metrics: Annotated[tuple[L0Metric, ...], Items(L0Metric)]
 
     def validate(self) -> None:
-        strictly_increasing(self.metrics, L0Metric.key, "metrics")
+        strictly_increasing(self.metrics, _L0_KEY, "metrics")
 
 
 @record
@@ -145,7 +153,7 @@ class MetricsL1(TLV):
     scores: Annotated[tuple[L1Score, ...], Items(L1Score)]
 
     def validate(self) -> None:
-        strictly_increasing(self.scores, lambda s: s.category, "scores")
+        strictly_increasing(self.scores, _BY_CATEGORY, "scores")
 
 
 @define_tlv(TLVType.METRICS_L2, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -214,7 +222,7 @@ class CacheSummaries(TLV):
     entries: Annotated[tuple[SummaryEntry, ...], Items(SummaryEntry, prefix=2)]
 
     def validate(self) -> None:
-        strictly_increasing(self.entries, lambda e: e.tier, "entries")
+        strictly_increasing(self.entries, _BY_TIER, "entries")
 
 
 @define_tlv(TLVType.CAPACITY, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -246,7 +254,7 @@ class HotPrefixes(TLV):
     prefixes: Annotated[tuple[HotPrefix, ...], Items(HotPrefix)]
 
     def validate(self) -> None:
-        strictly_increasing(self.prefixes, lambda p: p.block_key, "prefixes")
+        strictly_increasing(self.prefixes, _BY_BLOCK_KEY, "prefixes")
 
 
 CHACHA20_POLY1305_NONCE_LEN = 12
@@ -379,7 +387,7 @@ class Delegation(TLV):
             raise BadValueError(
                 f"not_before_ms {self.not_before_ms} not below not_after_ms {self.not_after_ms}"
             )
-        strictly_increasing(self.scope, ScopeEntry.key, "scope")
+        strictly_increasing(self.scope, _BY_KIND_VALUE, "scope")
         missing = {ScopeKind.CS_ID, ScopeKind.ROUTE, ScopeKind.ADDRESS} - {
             e.kind for e in self.scope
         }
