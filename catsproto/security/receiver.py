@@ -110,12 +110,23 @@ class Verdict:
         return out
 
 
+def _signature_and_delegation(
+    adv: Advertisement,
+) -> tuple[wire.Signature | None, Delegation | None]:
+    """The signature and carried delegation TLVs. Types strictly increase, so when the
+    last TLV is the signature (255) a delegation (254) can only be the one before it."""
+    tlvs = adv.tlvs
+    if type(tlvs[-1]) is wire.Signature:
+        before = tlvs[-2] if len(tlvs) > 1 else None
+        return tlvs[-1], before if type(before) is Delegation else None
+    return adv.signature, adv.get(Delegation)
+
+
 def _signer(
-    adv: Advertisement, signature: wire.Signature, trust: TrustStore
+    carried: Delegation | None, signature: wire.Signature, trust: TrustStore
 ) -> tuple[Authorisation, Authorisation | None]:
     """The authorisation of the signing key, and whether it was newly learned."""
     known = trust.lookup(signature.key_id)
-    carried = adv.get(Delegation)
     if carried is None or (known is not None and known.delegation == carried):
         if known is None:
             raise UnknownKeyError(f"signing key {signature.key_id.hex()} is not authorised")
@@ -156,10 +167,10 @@ def _verify(
     origin = adv.origin
     route = RouteKey(origin.cs_id, origin.address, nlri)
     try:
-        signature = adv.signature
+        signature, carried = _signature_and_delegation(adv)
         if signature is None:
             raise UnsignedError("advertisement carries no signature TLV")
-        auth, learned = _signer(adv, signature, trust)
+        auth, learned = _signer(carried, signature, trust)
         auth.check_validity(now_ms)
         auth.check_scope(origin.cs_id, origin.address, nlri)
         ts = adv.timestamp_ms
@@ -245,8 +256,9 @@ class Counters:
     counts: tuple[int, ...] = (0,) * len(_REASONS)
 
     def record(self, reason: Reason) -> Counters:
-        i = _INDEX[reason]
-        return Counters((*self.counts[:i], self.counts[i] + 1, *self.counts[i + 1 :]))
+        counts = list(self.counts)
+        counts[_INDEX[reason]] += 1
+        return Counters(tuple(counts))
 
     def __getitem__(self, reason: Reason) -> int:
         return self.counts[_INDEX[reason]]
@@ -287,7 +299,7 @@ class Receiver:
     def receive(
         self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int
     ) -> tuple[Verdict, Receiver]:
-        verdict = self.check(value, nlri, now_ms)
+        verdict = check(value, nlri, now_ms, self.trust, self.window, self.policy, self.group_keys)
         return verdict, self.commit(verdict)
 
     def expire(self, now_ms: int) -> Receiver:
