@@ -220,7 +220,7 @@ def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertiseme
 
 
 _TLV_HEADER = struct.Struct(">HH")
-_MANDATORY_TYPES = frozenset(cls.TYPE for cls in MANDATORY)
+_MANDATORY = frozenset(cls.TYPE for cls in MANDATORY)
 # What a compiled decoder may raise on bytes it does not take (Fallback from its own
 # checks, KeyError from an enum lookup, CodecError from a record's validate, ValueError
 # from bytes.decode): the reference decoder then decides.
@@ -230,21 +230,22 @@ _FALLBACK = (Fallback, CodecError, ValueError, KeyError, IndexError, struct.erro
 def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Advertisement:
     """The TLVs of `data[pos:end]` through the compiled decoders; raises Fallback (or
     what `_FALLBACK` names) on anything the reference decoder must look at."""
-    compiled = registry.compiled.get
+    compiled, header, mandatory_types = registry.compiled.get, _TLV_HEADER.unpack_from, _MANDATORY
     new, setattr_ = object.__new__, object.__setattr__
     tlvs: list[AnyTLV] = []
+    append = tlvs.append
     previous = -1
     mandatory = 0
     while pos < end:
         if end - pos < 4:
             raise Fallback
-        tlv_type, length = _TLV_HEADER.unpack_from(data, pos)
+        tlv_type, length = header(data, pos)
         pos += 4
         stop = pos + length
         if stop > end or tlv_type <= previous:
             raise Fallback
         previous = tlv_type
-        if tlv_type in _MANDATORY_TYPES:
+        if tlv_type in mandatory_types:
             mandatory += 1
         decoder = compiled(tlv_type)
         if decoder is None:
@@ -253,9 +254,9 @@ def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Adv
             setattr_(tlv, "value", data[pos:stop])
         else:
             tlv = decoder(data, pos, stop)
-        tlvs.append(tlv)
+        append(tlv)
         pos = stop
-    if mandatory != len(_MANDATORY_TYPES):
+    if mandatory != len(mandatory_types):
         raise Fallback
     adv = new(Advertisement)
     setattr_(adv, "tlvs", tuple(tlvs))
