@@ -24,6 +24,7 @@ record with a new field type still compiles (at the reference speed for that fie
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -115,8 +116,27 @@ def _setter(cls: type[Record], name: str) -> Callable[[object, object], None] | 
     return None
 
 
+def _int_keys(item: type[Record], keys: tuple[str, ...]) -> bool:
+    """Whether every key field of `item` decodes to an int (a -1 sentinel then sorts first)."""
+    codecs = dict(item._LAYOUT)
+    return all(isinstance(codecs.get(k), UInt | EnumCodec) for k in keys)
+
+
+def _inline_order(cls: type[Record]) -> tuple[str, tuple[str, ...]] | None:
+    """`cls.SORTED_BY` when the compiled code checks it while reading the list (the
+    record's `validate` is the base one, which checks nothing else)."""
+    if cls.SORTED_BY is None or cls.validate is not Record.validate:
+        return None
+    field, keys = cls.SORTED_BY
+    codec = dict(cls._LAYOUT).get(field)
+    if not isinstance(codec, Items) or not _int_keys(codec.item, keys):
+        return None
+    return cls.SORTED_BY
+
+
 def _build(src: _Source, ind: int, cls: type[Record], values: list[str], out: str) -> None:
-    """Lines making `out`, an instance of `cls` holding `values`, then its `validate`."""
+    """Lines making `out`, an instance of `cls` holding `values`, then its `validate`
+    (unless its only rule, the list order, was checked while reading)."""
     k = src.const("K", cls)
     src.emit(ind, f"{out} = new({k})")
     for (name, _), v in zip(cls._LAYOUT, values, strict=True):
@@ -125,7 +145,9 @@ def _build(src: _Source, ind: int, cls: type[Record], values: list[str], out: st
             src.emit(ind, f"setattr_({out}, {name!r}, {v})")
         else:
             src.emit(ind, f"{src.const('set_' + name + '_', setter)}({out}, {v})")
-    if cls.validate is not Record.validate:
+    if cls.validate is not Record.validate or (
+        cls.SORTED_BY is not None and _inline_order(cls) is None
+    ):
         src.emit(ind, f"{out}.validate()")
 
 
@@ -180,10 +202,21 @@ def _address(src: _Source, ind: int, v: str) -> None:
     src.emit(ind, "else: raise Fallback")
 
 
-def _items(src: _Source, ind: int, codec: Items, v: str) -> None:
+def _order_check(src: _Source, ind: int, key: str, prev: str) -> None:
+    k = src.var("key")
+    src.emit(ind, f"{k} = {key}")
+    src.emit(ind, f"if {k} <= {prev}: raise Fallback  # not strictly increasing")
+    src.emit(ind, f"{prev} = {k}")
+
+
+def _items(src: _Source, ind: int, codec: Items, v: str, order: tuple[str, ...] = ()) -> None:
+    """Lines reading a list into `v`; with `order`, also that it is strictly increasing
+    by those (integer) item fields."""
     item = codec.item
-    acc = src.var("items")
+    acc, prev = src.var("items"), src.var("prev")
     src.emit(ind, f"{acc} = []")
+    if order:
+        src.emit(ind, f"{prev} = {'-1' if len(order) == 1 else '(-1,)'}")
     if codec.prefix == 0 and _is_fixed(item):
         run = item._STEPS[0]
         assert isinstance(run, _FixedRun)
@@ -195,6 +228,11 @@ def _items(src: _Source, ind: int, codec: Items, v: str) -> None:
         src.emit(ind, f"for {unpacked} in {s}.iter_unpack(data[pos:end]):")
         for (_, fc), fv in zip(run.fields, values, strict=True):
             _convert(src, ind + 1, fc, fv)
+        if order:
+            by_name = {name: fv for (name, _), fv in zip(run.fields, values, strict=True)}
+            parts = [by_name[k] for k in order]
+            key = parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+            _order_check(src, ind + 1, key, prev)
         obj = src.var("o")
         _build(src, ind + 1, item, values, obj)
         src.emit(ind + 1, f"{acc}.append({obj})")
@@ -218,12 +256,17 @@ def _items(src: _Source, ind: int, codec: Items, v: str) -> None:
             src.emit(ind + 1, f"if {stop} > end: raise Fallback")
             src.emit(ind + 1, f"{obj}, pos = {decode}(data, pos, {stop})")
             src.emit(ind + 1, f"if pos != {stop}: raise Fallback")
+        if order:
+            getter = src.const("KEY", operator.attrgetter(*order))
+            _order_check(src, ind + 1, f"{getter}({obj})", prev)
         src.emit(ind + 1, f"{acc}.append({obj})")
         src.emit(ind, f"if not {acc}: raise Fallback")
     src.emit(ind, f"{v} = tuple({acc})")
 
 
-def _field(src: _Source, ind: int, name: str, codec: FieldCodec) -> str:
+def _field(
+    src: _Source, ind: int, name: str, codec: FieldCodec, order: tuple[str, ...] = ()
+) -> str:
     v = src.var()
     if isinstance(codec, Text):
         raw = src.var("raw")
@@ -234,7 +277,7 @@ def _field(src: _Source, ind: int, name: str, codec: FieldCodec) -> str:
     elif type(codec) is Address:
         _address(src, ind, v)
     elif type(codec) is Items:
-        _items(src, ind, codec, v)
+        _items(src, ind, codec, v, order)
     else:  # unknown codec: through a Reader, as the reference does
         c, r = src.const("C", codec), src.var("r")
         src.emit(ind, f"{r} = Reader(data, pos, end)")
@@ -260,11 +303,14 @@ def compile_tlv_value(cls: type[Record]) -> Callable[[bytes, int, int], Any]:
 def _compile(cls: type[Record], whole: bool) -> Callable[[bytes, int, int], Any]:
     src = _Source()
     values: list[str] = []
+    sorted_by = _inline_order(cls)
     for step in cls._STEPS:
         if isinstance(step, _FixedRun):
             values += _fixed_run(src, 1, step)
         else:
-            values.append(_field(src, 1, *step))
+            name, codec = step
+            order = sorted_by[1] if sorted_by is not None and sorted_by[0] == name else ()
+            values.append(_field(src, 1, name, codec, order))
     _build(src, 1, cls, values, "obj")
     if whole:
         src.emit(1, "if pos != end: raise Fallback")

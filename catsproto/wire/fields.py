@@ -366,6 +366,10 @@ class Record:
     __slots__ = ()
     _LAYOUT: ClassVar[tuple[tuple[str, FieldCodec], ...]] = ()
     _STEPS: ClassVar[tuple[_FixedRun | tuple[str, FieldCodec], ...]] = ()
+    # A record holding one canonical list says so here rather than in `validate`:
+    # (the list field, the item fields of its key); the list must be strictly increasing
+    # by that key. The compiled decoders then check the order while reading the items.
+    SORTED_BY: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def __post_init__(self) -> None:
         for name, codec in self._LAYOUT:
@@ -373,7 +377,11 @@ class Record:
         self.validate()
 
     def validate(self) -> None:
-        """Cross-field rules; raise a CodecError subclass (offset left to the decoder)."""
+        """Cross-field rules; raise a CodecError subclass (offset left to the decoder).
+        This base form checks `SORTED_BY`; a record with other rules overrides it."""
+        if self.SORTED_BY is not None:
+            field, keys = self.SORTED_BY
+            strictly_increasing(getattr(self, field), operator.attrgetter(*keys), field)
 
     def encode_into(self, w: Writer) -> None:
         for name, codec in self._LAYOUT:

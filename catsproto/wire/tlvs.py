@@ -121,10 +121,7 @@ class L0Metric(Record):
         return _L0_KEY(self)
 
 
-_L0_KEY = attrgetter("metric_type", "statistic", "source")  # list keys: no Python frame
-_BY_CATEGORY = attrgetter("category")
-_BY_TIER = attrgetter("tier")
-_BY_BLOCK_KEY = attrgetter("block_key")
+_L0_KEY = attrgetter("metric_type", "statistic", "source")
 _BY_KIND_VALUE = attrgetter("kind", "value")
 
 
@@ -134,8 +131,7 @@ class MetricsL0(TLV):
 
     metrics: Annotated[tuple[L0Metric, ...], Items(L0Metric)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.metrics, _L0_KEY, "metrics")
+    SORTED_BY = ("metrics", ("metric_type", "statistic", "source"))
 
 
 @record
@@ -152,8 +148,7 @@ class MetricsL1(TLV):
 
     scores: Annotated[tuple[L1Score, ...], Items(L1Score)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.scores, _BY_CATEGORY, "scores")
+    SORTED_BY = ("scores", ("category",))
 
 
 @define_tlv(TLVType.METRICS_L2, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -221,8 +216,7 @@ class CacheSummaries(TLV):
 
     entries: Annotated[tuple[SummaryEntry, ...], Items(SummaryEntry, prefix=2)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.entries, _BY_TIER, "entries")
+    SORTED_BY = ("entries", ("tier",))
 
 
 @define_tlv(TLVType.CAPACITY, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -253,8 +247,7 @@ class HotPrefixes(TLV):
 
     prefixes: Annotated[tuple[HotPrefix, ...], Items(HotPrefix)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.prefixes, _BY_BLOCK_KEY, "prefixes")
+    SORTED_BY = ("prefixes", ("block_key",))
 
 
 CHACHA20_POLY1305_NONCE_LEN = 12
