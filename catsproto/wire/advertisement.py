@@ -14,7 +14,7 @@ import struct
 from typing import TypeVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.codes import tlv_name
+from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
 from catsproto.wire.compiled import Fallback
 from catsproto.wire.errors import BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON
@@ -220,7 +220,6 @@ def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertiseme
 
 
 _TLV_HEADER = struct.Struct(">HH")
-_MANDATORY = frozenset(cls.TYPE for cls in MANDATORY)
 # What a compiled decoder may raise on bytes it does not take (Fallback from its own
 # checks, KeyError from an enum lookup, CodecError from a record's validate, ValueError
 # from bytes.decode): the reference decoder then decides.
@@ -229,37 +228,39 @@ _FALLBACK = (Fallback, CodecError, ValueError, KeyError, IndexError, struct.erro
 
 def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Advertisement:
     """The TLVs of `data[pos:end]` through the compiled decoders; raises Fallback (or
-    what `_FALLBACK` names) on anything the reference decoder must look at."""
-    compiled, header, mandatory_types = registry.compiled.get, _TLV_HEADER.unpack_from, _MANDATORY
-    new, setattr_ = object.__new__, object.__setattr__
-    tlvs: list[AnyTLV] = []
-    append = tlvs.append
-    previous = -1
-    mandatory = 0
-    while pos < end:
-        if end - pos < 4:
-            raise Fallback
-        tlv_type, length = header(data, pos)
-        pos += 4
-        stop = pos + length
-        if stop > end or tlv_type <= previous:
-            raise Fallback
-        previous = tlv_type
-        if tlv_type in mandatory_types:
-            mandatory += 1
-        decoder = compiled(tlv_type)
-        if decoder is None:
-            tlv = new(UnknownTLV)
-            setattr_(tlv, "type", tlv_type)
-            setattr_(tlv, "value", data[pos:stop])
-        else:
-            tlv = decoder(data, pos, stop)
-        append(tlv)
-        pos = stop
-    if mandatory != len(mandatory_types):
+    what `_FALLBACK` names) on anything the reference decoder must look at.
+
+    The registry's sequence decoder takes the registered types in increasing order,
+    inline; whatever it leaves (an unregistered type, disorder) goes TLV by TLV here.
+    """
+    tlvs, pos, previous, mandatory = registry.compiled_sequence(data, pos, end)
+    if pos < end:
+        compiled, header = registry.compiled.get, _TLV_HEADER.unpack_from
+        new, setattr_ = object.__new__, object.__setattr__
+        while pos < end:
+            if end - pos < 4:
+                raise Fallback
+            tlv_type, length = header(data, pos)
+            pos += 4
+            stop = pos + length
+            if stop > end or tlv_type <= previous:
+                raise Fallback
+            previous = tlv_type
+            if tlv_type in MANDATORY_TYPES:
+                mandatory += 1
+            decoder = compiled(tlv_type)
+            if decoder is None:
+                tlv = new(UnknownTLV)
+                setattr_(tlv, "type", tlv_type)
+                setattr_(tlv, "value", data[pos:stop])
+            else:
+                tlv = decoder(data, pos, stop)
+            tlvs.append(tlv)
+            pos = stop
+    if mandatory != len(MANDATORY_TYPES):
         raise Fallback
-    adv = new(Advertisement)
-    setattr_(adv, "tlvs", tuple(tlvs))
+    adv = object.__new__(Advertisement)
+    object.__setattr__(adv, "tlvs", tuple(tlvs))
     return adv
 
 

@@ -25,8 +25,9 @@ record with a new field type still compiles (at the reference speed for that fie
 from __future__ import annotations
 
 import operator
+import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from catsproto.wire.buffer import Reader
@@ -292,34 +293,88 @@ def compile_record(cls: type[Record]) -> FastDecoder:
     Reads one `cls` from `data[pos:end]`, leaving any bytes after it to the caller.
     The generated source is kept as the function's `source` attribute.
     """
-    return _compile(cls, whole=False)  # type: ignore[return-value]
+    src = _Source()
+    out = _body(src, 1, cls)
+    src.emit(1, f"return {out}, pos")
+    return _define(src, f"decode_{cls.__name__}", "data, pos, end")  # type: ignore[return-value]
 
 
 def compile_tlv_value(cls: type[Record]) -> Callable[[bytes, int, int], Any]:
     """`decode(data, pos, end) -> record` for a TLV value that must fill `[pos, end)`."""
-    return _compile(cls, whole=True)
-
-
-def _compile(cls: type[Record], whole: bool) -> Callable[[bytes, int, int], Any]:
     src = _Source()
+    out = _body(src, 1, cls)
+    src.emit(1, "if pos != end: raise Fallback")
+    src.emit(1, f"return {out}")
+    return _define(src, f"decode_{cls.__name__}", "data, pos, end")
+
+
+SequenceDecoder = Callable[[bytes, int, int], tuple[list[Any], int, int, int]]
+
+
+def compile_sequence(
+    classes: Mapping[int, type[Record]], mandatory: frozenset[int]
+) -> SequenceDecoder:
+    """`decode(data, pos, end) -> (tlvs, pos, last_type, mandatory_seen)`: the leading
+    TLVs of `data[pos:end]` whose types are registered, in increasing order, each
+    decoded inline (no call, no dispatch per TLV). It stops at the first TLV it does not
+    expect there (an unregistered type, or one out of order) and returns where: the
+    caller goes on from `pos` with its TLV-by-TLV loop, which knows unknown types and
+    refuses disorder. Raises `Fallback` like the record decoders.
+    """
+    src = _Source()
+    header = src.const("H", struct.Struct(">HH"))
+
+    def next_header(ind: int) -> None:
+        src.emit(ind, "if end - at >= 4:")
+        src.emit(ind + 1, f"t, n = {header}.unpack_from(data, at)")
+        src.emit(ind + 1, "stop = at + 4 + n")
+        src.emit(ind + 1, "if stop > end: raise Fallback")
+        src.emit(ind, "else:")
+        src.emit(ind + 1, "t = -1  # done, or a tail too short for a header")
+
+    src.emit(1, "tlvs = []")
+    src.emit(1, "append = tlvs.append")
+    src.emit(1, "previous = -1")
+    src.emit(1, "mandatory = 0")
+    src.emit(1, "at = pos")
+    next_header(1)
+    for code in sorted(classes):
+        src.emit(1, f"if t == {code}:")
+        src.emit(2, "pos = at + 4")
+        first = len(src.lines)
+        out = _body(src, 2, classes[code])
+        # the body reads up to its TLV's end, `stop`, not the window's
+        src.lines[first:] = [re.sub(r"\bend\b", "stop", line) for line in src.lines[first:]]
+        src.emit(2, "if pos != stop: raise Fallback")
+        src.emit(2, f"append({out})")
+        src.emit(2, f"previous = {code}")
+        if code in mandatory:
+            src.emit(2, "mandatory += 1")
+        src.emit(2, "at = stop")
+        next_header(2)
+    src.emit(1, "return tlvs, at, previous, mandatory")
+    return _define(src, "decode_sequence", "data, pos, end")  # type: ignore[return-value]
+
+
+def _body(src: _Source, ind: int, cls: type[Record]) -> str:
+    """Lines reading one `cls` from `pos` (window end `end`); returns the object's name."""
     values: list[str] = []
     sorted_by = _inline_order(cls)
     for step in cls._STEPS:
         if isinstance(step, _FixedRun):
-            values += _fixed_run(src, 1, step)
+            values += _fixed_run(src, ind, step)
         else:
             name, codec = step
             order = sorted_by[1] if sorted_by is not None and sorted_by[0] == name else ()
-            values.append(_field(src, 1, name, codec, order))
-    _build(src, 1, cls, values, "obj")
-    if whole:
-        src.emit(1, "if pos != end: raise Fallback")
-        src.emit(1, "return obj")
-    else:
-        src.emit(1, "return obj, pos")
-    name = f"decode_{cls.__name__}"
-    text = f"def {name}(data, pos, end):\n" + "\n".join(src.lines) + "\n"
-    exec(compile(text, f"<compiled {cls.__qualname__}>", "exec"), src.names)
+            values.append(_field(src, ind, name, codec, order))
+    out = src.var("obj")
+    _build(src, ind, cls, values, out)
+    return out
+
+
+def _define(src: _Source, name: str, args: str) -> Callable[..., Any]:
+    text = f"def {name}({args}):\n" + "\n".join(src.lines) + "\n"
+    exec(compile(text, f"<compiled {name}>", "exec"), src.names)
     fn = src.names[name]
     fn.source = text  # type: ignore[attr-defined]
-    return fn  # type: ignore[return-value]
+    return fn  # type: ignore[no-any-return]

@@ -25,7 +25,8 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.compiled import compile_tlv_value
+from catsproto.wire.codes import MANDATORY_TYPES
+from catsproto.wire.compiled import SequenceDecoder, compile_sequence, compile_tlv_value
 from catsproto.wire.errors import BadValueError
 from catsproto.wire.fields import JSON, Record
 
@@ -111,6 +112,7 @@ class Registry:
         self.compiled: dict[int, Callable[[bytes, int, int], TLV]] = {
             code: compile_tlv_value(cls) for code, cls in by_type.items()
         }
+        self.compiled_sequence: SequenceDecoder = compile_sequence(by_type, MANDATORY_TYPES)
 
     def extended(self, *classes: type[TLV]) -> Registry:
         return Registry([*self.by_type.values(), *classes])

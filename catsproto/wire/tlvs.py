@@ -13,6 +13,7 @@ from typing import Annotated
 
 from catsproto.wire.codes import (
     FORMAT_VERSION,
+    MANDATORY_TYPES,
     AeadAlgorithm,
     KeyScheme,
     MetricCategory,
@@ -433,3 +434,5 @@ DEFAULT_REGISTRY = Registry(
     ]
 )
 MANDATORY = (Version, Origin, Sequence, Timestamp)
+if {cls.TYPE for cls in MANDATORY} != MANDATORY_TYPES:  # pragma: no cover
+    raise ImportError("tlvs.MANDATORY and codes.MANDATORY_TYPES disagree")
