@@ -78,10 +78,12 @@ class ReplayWindow:
         old = self._buckets[i]
         bucket = dict(old)  # the old window keeps its own bucket
         bucket[route] = state
-        buckets = self._buckets
-        return ReplayWindow(
-            (*buckets[:i], bucket, *buckets[i + 1 :]), self._size + (len(bucket) > len(old))
-        )
+        buckets = list(self._buckets)
+        buckets[i] = bucket
+        out = _new(ReplayWindow)  # the fields are valid by construction: skip __init__
+        _SET_BUCKETS(out, tuple(buckets))
+        _SET_SIZE(out, self._size + (len(bucket) > len(old)))
+        return out
 
     def expire(self, now_ms: int, max_age_ms: int) -> ReplayWindow:
         """Drop routes whose last accepted timestamp is older than the freshness window.
@@ -105,3 +107,8 @@ class ReplayWindow:
     def __iter__(self) -> Iterator[tuple[RouteKey, RouteState]]:
         for b in self._buckets:
             yield from b.items()
+
+
+_new = object.__new__
+_SET_BUCKETS = ReplayWindow._buckets.__set__  # type: ignore[attr-defined]
+_SET_SIZE = ReplayWindow._size.__set__  # type: ignore[attr-defined]
