@@ -89,8 +89,9 @@ AnyTLV = TLV | UnknownTLV
 class Registry:
     """Type code → TLV class. Immutable once built; `extended` returns a new one.
 
-    `compiled` maps each type code to its class's compiled decoder (`wire.compiled`),
-    built here once; `decode_tlv` is the reference path.
+    `compiled` maps each type code to its class's compiled decoder and
+    `compiled_sequence` decodes a run of registered TLVs inline (`wire.compiled`),
+    both built here once; `decode_tlv` is the reference path.
     """
 
     def __init__(self, classes: Iterable[type[TLV]] = ()):
