@@ -3,8 +3,11 @@ CodecError. Run: python -m tests.fuzz_wire --iterations 1000000 [--seed N]
 
 Mutates the positive test vectors (bit flips, byte overwrites, insertions, deletions,
 splices between vectors, length-field nudges) and decodes each result, both as an
-attribute value and as a whole path attribute. Prints a JSON summary; exit status 1
-if any other exception escaped or an accepted input did not re-encode byte for byte.
+attribute value and as a whole path attribute. Every attribute value is also decoded
+by the reference decoder alone (`wire.decode_from`), which must agree with `decode`
+(same objects, or the same error). Prints a JSON summary; exit status 1 if any other
+exception escaped, an accepted input did not re-encode byte for byte, or the two
+decoders disagreed.
 """
 
 from __future__ import annotations
@@ -51,6 +54,28 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(buf)
 
 
+def _against_reference(
+    data: bytes, adv: wire.Advertisement | None, error: wire.CodecError | None
+) -> str:
+    """How `decode`'s answer differs from the reference decoder's ("" if it does not)."""
+    try:
+        ref = wire.decode_from(wire.Reader(data))
+    except wire.CodecError as exc:
+        if error is None:
+            return f"decode accepts what the reference refuses: {exc}"
+        if (type(exc), exc.reason, exc.offset, exc.tlv_type) != (
+            type(error),
+            error.reason,
+            error.offset,
+            error.tlv_type,
+        ):
+            return f"errors differ: {error!r} against the reference's {exc!r}"
+        return ""
+    if adv is None:
+        return f"decode refuses what the reference accepts: {error}"
+    return "" if repr(adv) == repr(ref) else "decoded objects differ from the reference's"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=100_000)
@@ -59,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     rng = random.Random(args.seed)
-    counts = {"accepted": 0, "codec_error": 0, "other_exception": 0, "not_canonical": 0}
+    counts = {
+        "accepted": 0,
+        "codec_error": 0,
+        "other_exception": 0,
+        "not_canonical": 0,
+        "reference_disagrees": 0,
+    }
     by_class: dict[str, int] = {}
     first_failure = None
     start = time.perf_counter()
@@ -68,15 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         as_attribute = i % 2 == 1
         if as_attribute:
             data = wire.encode_attribute(data[:0xFFFF])
+        adv = error = None
         try:
             adv = wire.decode_attribute_value(data) if as_attribute else wire.decode(data)
         except wire.CodecError as exc:
+            error = exc
             counts["codec_error"] += 1
             by_class[type(exc).__name__] = by_class.get(type(exc).__name__, 0) + 1
         except Exception:
             counts["other_exception"] += 1
             first_failure = first_failure or (data.hex(), traceback.format_exc())
-        else:
+        if not as_attribute and (disagreement := _against_reference(data, adv, error)):
+            counts["reference_disagrees"] += 1
+            first_failure = first_failure or (data.hex(), disagreement)
+        if adv is not None:
             counts["accepted"] += 1
             value = wire.encode(adv)
             if (wire.encode_attribute(value) if as_attribute else value) != data:

@@ -58,6 +58,43 @@ def test_signature_covers_unknown_tlvs_after_its_own_type():
     assert Receiver(F.trust).check(changed, NLRI, NOW_MS).reason is Reason.BAD_SIGNATURE
 
 
+def test_received_message_is_the_signed_message_cut_from_the_wire_bytes():
+    last = wire.encode(security.sign(F.at(1, 43), F.node, NLRI))
+    middle = wire.encode(
+        security.sign(F.at(1, 43).replace(wire.UnknownTLV(300, b"\x01")), F.node, NLRI)
+    )
+    unsigned = wire.encode(F.at(1, 43))
+    for value in (last, middle, unsigned):
+        expected = security.signed_message(security.without_signature(value), NLRI, 42)
+        assert security.received_message(value, NLRI, 42) == expected
+    start, stop = security.signature_span(last)
+    assert stop == len(last) and last[start:stop][:2] == b"\x00\xff"
+    assert security.signature_span(unsigned) == (len(unsigned), len(unsigned))
+
+
+def test_scope_checks_match_ipaddress_containment():
+    auth = F.trust.lookup(F.node.key_id)
+    inside = [("10.0.0.0/16", "192.0.2.1"), ("10.0.255.0/24", "192.0.2.255")]
+    outside = [
+        ("10.1.0.0/24", "192.0.2.1"),
+        ("10.0.0.0/15", "192.0.2.1"),
+        ("10.0.0.0/16", "192.0.3.1"),
+    ]
+    v6 = [("2001:db8:100::/48", "2001:db8::1"), ("2001:db8:100::/40", "2001:db8::ffff")]
+    for route, address in inside + v6:
+        auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route))
+    for route, address in [*outside, ("2001:db8::/32", "2001:db8::1"), ("10.0.0.0/16", "::1")]:
+        with pytest.raises(security.NotAuthorisedError):
+            auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route))
+    with pytest.raises(security.NotAuthorisedError, match="CS-ID 7"):
+        auth.check_scope(7, ipaddress.ip_address("192.0.2.1"), ipaddress.ip_network("10.0.0.0/16"))
+
+
+def test_policy_refuses_an_attribute_type_outside_a_byte():
+    with pytest.raises(ValueError, match="256"):
+        security.Policy(attribute_type=256)
+
+
 def test_delegation_json_and_wire_forms_round_trip():
     obj = security.delegation_to_json(F.delegation)
     assert security.delegation_from_json(obj) == F.delegation

@@ -56,7 +56,9 @@ from catsproto.security.sealing import (
 from catsproto.security.signing import (
     ADVERTISEMENT_LABEL,
     nlri_bytes,
+    received_message,
     sign,
+    signature_span,
     signed_message,
     without_signature,
 )

@@ -43,7 +43,12 @@ from catsproto.security.errors import (
 from catsproto.security.identity import key_id
 from catsproto.security.replay import ReplayWindow, RouteKey, RouteState
 from catsproto.security.sealing import GroupKeyring, open_sealed
-from catsproto.security.signing import IPNetwork, signed_message, without_signature
+from catsproto.security.signing import (
+    ADVERTISEMENT_LABEL,
+    IPNetwork,
+    nlri_bytes,
+    signature_span,
+)
 from catsproto.security.trust import Authorisation, TrustStore
 from catsproto.wire import Advertisement, CodecError, Delegation
 
@@ -61,6 +66,14 @@ class Policy:
     max_age_ms: int = DEFAULT_MAX_AGE_MS
     max_future_ms: int = DEFAULT_MAX_FUTURE_MS
     attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE
+    # label and attribute type: the constant start of every signed message
+    _message_head: bytes = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.attribute_type <= 255:
+            raise ValueError(f"attribute type {self.attribute_type} outside 0..255")
+        head = ADVERTISEMENT_LABEL + bytes((self.attribute_type,))
+        object.__setattr__(self, "_message_head", head)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,12 +123,23 @@ class Verdict:
         return out
 
 
+def _signature_and_delegation(
+    adv: Advertisement,
+) -> tuple[wire.Signature | None, Delegation | None]:
+    """The signature and carried delegation TLVs. Types strictly increase, so when the
+    last TLV is the signature (255) a delegation (254) can only be the one before it."""
+    tlvs = adv.tlvs
+    if type(tlvs[-1]) is wire.Signature:
+        before = tlvs[-2] if len(tlvs) > 1 else None
+        return tlvs[-1], before if type(before) is Delegation else None
+    return adv.signature, adv.get(Delegation)
+
+
 def _signer(
-    adv: Advertisement, signature: wire.Signature, trust: TrustStore
+    carried: Delegation | None, signature: wire.Signature, trust: TrustStore
 ) -> tuple[Authorisation, Authorisation | None]:
     """The authorisation of the signing key, and whether it was newly learned."""
     known = trust.lookup(signature.key_id)
-    carried = adv.get(Delegation)
     if carried is None or (known is not None and known.delegation == carried):
         if known is None:
             raise UnknownKeyError(f"signing key {signature.key_id.hex()} is not authorised")
@@ -128,6 +152,16 @@ def _signer(
         )
     learned = trust.check_delegation(carried)
     return learned, learned
+
+
+def _signature_span(value: bytes, adv: Advertisement, signature: wire.Signature) -> tuple[int, int]:
+    """Where the signature TLV sits in `value`: the value is canonical, so when the
+    signature is the last TLV (no unknown type above 255 follows) it is the last
+    4 + 2 + len(key_id) + len(signature) bytes; otherwise walk the TLV headers."""
+    if adv.tlvs[-1] is signature:
+        end = len(value)
+        return end - 6 - len(signature.key_id) - len(signature.signature), end
+    return signature_span(value)
 
 
 def _verify(
@@ -146,10 +180,10 @@ def _verify(
     origin = adv.origin
     route = RouteKey(origin.cs_id, origin.address, nlri)
     try:
-        signature = adv.signature
+        signature, carried = _signature_and_delegation(adv)
         if signature is None:
             raise UnsignedError("advertisement carries no signature TLV")
-        auth, learned = _signer(adv, signature, trust)
+        auth, learned = _signer(carried, signature, trust)
         auth.check_validity(now_ms)
         auth.check_scope(origin.cs_id, origin.address, nlri)
         ts = adv.timestamp_ms
@@ -168,7 +202,10 @@ def _verify(
             raise ReplayedError(
                 f"(epoch, sequence) {position} is below the last accepted {previous.position}"
             )
-        message = signed_message(without_signature(value), nlri, policy.attribute_type)
+        # signing.received_message, with the label and type from the policy
+        start, stop = _signature_span(value, adv, signature)
+        view = memoryview(value)
+        message = b"".join((policy._message_head, nlri_bytes(nlri), view[:start], view[stop:]))
         if not auth.node.verify(signature.signature, message):
             raise BadSignatureError(
                 f"Ed25519 signature by key {signature.key_id.hex()} does not verify "
@@ -189,8 +226,52 @@ def _verify(
         return Verdict(exc.why, str(exc), route, error=exc)
     if duplicate:
         return Verdict(Reason.DUPLICATE, f"{position} already accepted", route, adv, auth)
-    state = RouteState(seq.epoch, seq.sequence, ts, signature.signature)
-    return Verdict(Reason.OK, "accepted", route, adv, auth, state, learned)
+    return _accepted(route, adv, auth, seq, ts, signature.signature, learned)
+
+
+# Every accepted advertisement makes a RouteState and a Verdict whose fields are known
+# good; filling their slots directly costs half of the dataclass __init__.
+_new = object.__new__
+_SET_EPOCH, _SET_SEQUENCE, _SET_TIMESTAMP, _SET_SIGNATURE = (
+    getattr(RouteState, f.name).__set__ for f in dataclasses.fields(RouteState)
+)
+(
+    _SET_REASON,
+    _SET_DETAIL,
+    _SET_ROUTE,
+    _SET_ADV,
+    _SET_SIGNER,
+    _SET_STATE,
+    _SET_LEARNED,
+    _SET_ERROR,
+) = (getattr(Verdict, f.name).__set__ for f in dataclasses.fields(Verdict))
+
+
+def _accepted(
+    route: RouteKey,
+    adv: Advertisement,
+    auth: Authorisation,
+    seq: wire.Sequence,
+    timestamp_ms: int,
+    signature: bytes,
+    learned: Authorisation | None,
+) -> Verdict:
+    """`Verdict(OK, "accepted", route, adv, auth, RouteState(...), learned)`."""
+    state = _new(RouteState)
+    _SET_EPOCH(state, seq.epoch)
+    _SET_SEQUENCE(state, seq.sequence)
+    _SET_TIMESTAMP(state, timestamp_ms)
+    _SET_SIGNATURE(state, signature)
+    verdict = _new(Verdict)
+    _SET_REASON(verdict, Reason.OK)
+    _SET_DETAIL(verdict, "accepted")
+    _SET_ROUTE(verdict, route)
+    _SET_ADV(verdict, adv)
+    _SET_SIGNER(verdict, auth)
+    _SET_STATE(verdict, state)
+    _SET_LEARNED(verdict, learned)
+    _SET_ERROR(verdict, None)
+    return verdict
 
 
 def check(
@@ -234,8 +315,11 @@ class Counters:
     counts: tuple[int, ...] = (0,) * len(_REASONS)
 
     def record(self, reason: Reason) -> Counters:
-        i = _INDEX[reason]
-        return Counters((*self.counts[:i], self.counts[i] + 1, *self.counts[i + 1 :]))
+        counts = list(self.counts)
+        counts[_INDEX[reason]] += 1
+        out = _new(Counters)
+        _SET_COUNTS(out, tuple(counts))
+        return out
 
     def __getitem__(self, reason: Reason) -> int:
         return self.counts[_INDEX[reason]]
@@ -264,21 +348,45 @@ class Receiver:
     def commit(self, verdict: Verdict) -> Receiver:
         """The receiver after `verdict`: counted; window and trust move only on OK."""
         counters = self.counters.record(verdict.reason)
-        if not verdict.ok:
-            return dataclasses.replace(self, counters=counters)
+        if verdict.reason is not Reason.OK:
+            return _receiver(self.trust, self.window, self.policy, self.group_keys, counters)
         assert verdict.route is not None and verdict.state is not None
         trust = self.trust
         if verdict.learned is not None:
             trust = trust.with_authorisation(verdict.learned)
         window = self.window.with_entry(verdict.route, verdict.state)
-        return dataclasses.replace(self, trust=trust, window=window, counters=counters)
+        return _receiver(trust, window, self.policy, self.group_keys, counters)
 
     def receive(
         self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int
     ) -> tuple[Verdict, Receiver]:
-        verdict = self.check(value, nlri, now_ms)
+        verdict = check(value, nlri, now_ms, self.trust, self.window, self.policy, self.group_keys)
         return verdict, self.commit(verdict)
 
     def expire(self, now_ms: int) -> Receiver:
         """Forget routes whose last accepted advertisement is past the freshness window."""
-        return dataclasses.replace(self, window=self.window.expire(now_ms, self.policy.max_age_ms))
+        window = self.window.expire(now_ms, self.policy.max_age_ms)
+        return Receiver(self.trust, window, self.policy, self.group_keys, self.counters)
+
+
+_SET_COUNTS = Counters.counts.__set__  # type: ignore[attr-defined]
+_SET_TRUST, _SET_WINDOW, _SET_POLICY, _SET_GROUP_KEYS, _SET_COUNTERS = (
+    getattr(Receiver, f.name).__set__ for f in dataclasses.fields(Receiver)
+)
+
+
+def _receiver(
+    trust: TrustStore,
+    window: ReplayWindow,
+    policy: Policy,
+    group_keys: GroupKeyring | None,
+    counters: Counters,
+) -> Receiver:
+    """`Receiver(...)` from parts that are already valid (one per advertisement)."""
+    out = _new(Receiver)
+    _SET_TRUST(out, trust)
+    _SET_WINDOW(out, window)
+    _SET_POLICY(out, policy)
+    _SET_GROUP_KEYS(out, group_keys)
+    _SET_COUNTERS(out, counters)
+    return out

@@ -12,20 +12,21 @@ signature) and an equivocation otherwise.
 The window is an immutable value: `with_entry` returns a new window sharing all but one
 bucket with the old one (a persistent map of 64 buckets), so committing costs a few
 microseconds whatever the number of routes, and an unaccepted advertisement cannot
-touch it.
+touch it. Buckets are plain dicts that no code changes once built (copying a dict
+reuses its stored hashes; copying a read-only proxy would hash every key again), and
+a `RouteKey` hashes its addresses once, when it is made.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from types import MappingProxyType
 
 from catsproto.security.signing import IPNetwork
 from catsproto.wire.fields import IPAddress
 
 _BUCKETS = 64
-_EMPTY: Mapping[RouteKey, RouteState] = MappingProxyType({})
+_EMPTY: Mapping[RouteKey, RouteState] = {}  # shared by every empty bucket, never written
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +36,14 @@ class RouteKey:
     cs_id: int
     address: IPAddress
     nlri: IPNetwork
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # ipaddress objects hash through hex(); a window lookup hashes the key often
+        object.__setattr__(self, "_hash", hash((self.cs_id, self.address, self.nlri)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         return f"cs {self.cs_id} {self.address} on {self.nlri}"
@@ -62,15 +71,19 @@ class ReplayWindow:
     _size: int = 0
 
     def get(self, route: RouteKey) -> RouteState | None:
-        return self._buckets[hash(route) % _BUCKETS].get(route)
+        return self._buckets[route._hash % _BUCKETS].get(route)
 
     def with_entry(self, route: RouteKey, state: RouteState) -> ReplayWindow:
-        i = hash(route) % _BUCKETS
+        i = route._hash % _BUCKETS
         old = self._buckets[i]
-        bucket = dict(old)
+        bucket = dict(old)  # the old window keeps its own bucket
         bucket[route] = state
-        buckets = (*self._buckets[:i], MappingProxyType(bucket), *self._buckets[i + 1 :])
-        return ReplayWindow(buckets, self._size + (route not in old))
+        buckets = list(self._buckets)
+        buckets[i] = bucket
+        out = _new(ReplayWindow)  # the fields are valid by construction: skip __init__
+        _SET_BUCKETS(out, tuple(buckets))
+        _SET_SIZE(out, self._size + (len(bucket) > len(old)))
+        return out
 
     def expire(self, now_ms: int, max_age_ms: int) -> ReplayWindow:
         """Drop routes whose last accepted timestamp is older than the freshness window.
@@ -81,7 +94,7 @@ class ReplayWindow:
         """
         horizon = now_ms - max_age_ms
         buckets = tuple(
-            MappingProxyType({k: v for k, v in b.items() if v.timestamp_ms >= horizon})
+            {k: v for k, v in b.items() if v.timestamp_ms >= horizon}
             if any(v.timestamp_ms < horizon for v in b.values())
             else b
             for b in self._buckets
@@ -94,3 +107,8 @@ class ReplayWindow:
     def __iter__(self) -> Iterator[tuple[RouteKey, RouteState]]:
         for b in self._buckets:
             yield from b.items()
+
+
+_new = object.__new__
+_SET_BUCKETS = ReplayWindow._buckets.__set__  # type: ignore[attr-defined]
+_SET_SIZE = ReplayWindow._size.__set__  # type: ignore[attr-defined]

@@ -35,30 +35,56 @@ _TLV_HEADER = struct.Struct(">HH")
 
 def nlri_bytes(nlri: IPNetwork) -> bytes:
     """AFI u16, prefix length u8 and the whole network address (host bits are zero)."""
-    if not isinstance(nlri, ipaddress.IPv4Network | ipaddress.IPv6Network):
-        raise TypeError(f"nlri must be an IPv4Network or IPv6Network, not {type(nlri).__name__}")
-    afi = 1 if nlri.version == 4 else 2
-    return afi.to_bytes(2, "big") + bytes([nlri.prefixlen]) + nlri.network_address.packed
+    if isinstance(nlri, ipaddress.IPv4Network):
+        return b"\x00\x01" + bytes((nlri.prefixlen,)) + nlri.network_address.packed
+    if isinstance(nlri, ipaddress.IPv6Network):
+        return b"\x00\x02" + bytes((nlri.prefixlen,)) + nlri.network_address.packed
+    raise TypeError(f"nlri must be an IPv4Network or IPv6Network, not {type(nlri).__name__}")
 
 
-def without_signature(value: bytes) -> bytes:
-    """`value` (a canonical attribute value) with its signature TLV cut out."""
+def signature_span(value: bytes) -> tuple[int, int]:
+    """Where the signature TLV sits in `value` (a canonical attribute value), header
+    included, as [start, stop); (len, len) when there is none."""
     pos, end = 0, len(value)
     while pos + 4 <= end:
         tlv_type, length = _TLV_HEADER.unpack_from(value, pos)
         if tlv_type == TLVType.SIGNATURE:
-            return value[:pos] + value[pos + 4 + length :]
+            return pos, min(pos + 4 + length, end)
         pos += 4 + length
-    return value
+    return end, end
+
+
+def without_signature(value: bytes) -> bytes:
+    """`value` (a canonical attribute value) with its signature TLV cut out."""
+    start, stop = signature_span(value)
+    return value[:start] + value[stop:] if start < stop else value
+
+
+def _prefix(nlri: IPNetwork, attribute_type: int) -> bytes:
+    if not 0 <= attribute_type <= 255:
+        raise ValueError(f"attribute type {attribute_type} outside 0..255")
+    return ADVERTISEMENT_LABEL + bytes([attribute_type]) + nlri_bytes(nlri)
 
 
 def signed_message(
     unsigned_value: bytes, nlri: IPNetwork, attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE
 ) -> bytes:
     """The exact bytes an Ed25519 signature covers (see the module docstring)."""
-    if not 0 <= attribute_type <= 255:
-        raise ValueError(f"attribute type {attribute_type} outside 0..255")
-    return ADVERTISEMENT_LABEL + bytes([attribute_type]) + nlri_bytes(nlri) + unsigned_value
+    return _prefix(nlri, attribute_type) + unsigned_value
+
+
+def received_message(
+    value: bytes,
+    nlri: IPNetwork,
+    attribute_type: int = wire.DEFAULT_ATTRIBUTE_TYPE,
+    span: tuple[int, int] | None = None,
+) -> bytes:
+    """`signed_message(without_signature(value), ...)` built with one copy of `value`:
+    the receiver's form, the signature TLV (at `span`, found if not given) cut out of
+    the bytes as received."""
+    start, stop = signature_span(value) if span is None else span
+    view = memoryview(value)
+    return b"".join((_prefix(nlri, attribute_type), view[:start], view[stop:]))
 
 
 def sign(

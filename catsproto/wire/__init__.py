@@ -9,7 +9,13 @@ Stable API::
 Pure standard library: no sockets, clocks or randomness.
 """
 
-from catsproto.wire.advertisement import Advertisement, decode, decode_from, encode
+from catsproto.wire.advertisement import (
+    Advertisement,
+    decode,
+    decode_from,
+    decode_window,
+    encode,
+)
 from catsproto.wire.attribute import (
     FLAG_EXTENDED_LENGTH,
     FLAG_OPTIONAL,
@@ -84,8 +90,8 @@ def decode_attribute_value(
 ) -> Advertisement:
     """Decode a whole path attribute; error offsets count from its flags byte."""
     attr = decode_attribute(data, type_code)
-    r = Reader(bytes(data), attr.value_offset, attr.value_offset + len(attr.value))
-    return decode_from(r, registry)
+    start = attr.value_offset
+    return decode_window(bytes(data), start, start + len(attr.value), registry)
 
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -10,10 +10,12 @@ The signature therefore covers exactly the bytes on the wire.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import TypeVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.codes import tlv_name
+from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
+from catsproto.wire.compiled import Fallback
 from catsproto.wire.errors import BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON
 from catsproto.wire.tlv import TLV, AnyTLV, Registry, UnknownTLV
@@ -217,8 +219,66 @@ def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertiseme
         raise exc.located(start, None) from None
 
 
+_TLV_HEADER = struct.Struct(">HH")
+# What a compiled decoder may raise on bytes it does not take (Fallback from its own
+# checks, KeyError from an enum lookup, CodecError from a record's validate, ValueError
+# from bytes.decode): the reference decoder then decides.
+_FALLBACK = (Fallback, CodecError, ValueError, KeyError, IndexError, struct.error)
+
+
+def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Advertisement:
+    """The TLVs of `data[pos:end]` through the compiled decoders; raises Fallback (or
+    what `_FALLBACK` names) on anything the reference decoder must look at.
+
+    The registry's sequence decoder takes the registered types in increasing order,
+    inline; whatever it leaves (an unregistered type, disorder) goes TLV by TLV here.
+    """
+    tlvs, pos, previous, mandatory = registry.compiled_sequence(data, pos, end)
+    if pos < end:
+        compiled, header = registry.compiled.get, _TLV_HEADER.unpack_from
+        new, setattr_ = object.__new__, object.__setattr__
+        while pos < end:
+            if end - pos < 4:
+                raise Fallback
+            tlv_type, length = header(data, pos)
+            pos += 4
+            stop = pos + length
+            if stop > end or tlv_type <= previous:
+                raise Fallback
+            previous = tlv_type
+            if tlv_type in MANDATORY_TYPES:
+                mandatory += 1
+            decoder = compiled(tlv_type)
+            if decoder is None:
+                tlv = new(UnknownTLV)
+                setattr_(tlv, "type", tlv_type)
+                setattr_(tlv, "value", data[pos:stop])
+            else:
+                tlv = decoder(data, pos, stop)
+            tlvs.append(tlv)
+            pos = stop
+    if mandatory != len(MANDATORY_TYPES):
+        raise Fallback
+    adv = object.__new__(Advertisement)
+    object.__setattr__(adv, "tlvs", tuple(tlvs))
+    return adv
+
+
+def decode_window(
+    data: bytes, start: int, end: int, registry: Registry = DEFAULT_REGISTRY
+) -> Advertisement:
+    """Decode the attribute value `data[start:end]` (error offsets count from 0 of `data`):
+    the compiled decoders first, the reference decoder (`decode_from`) for anything
+    they do not accept, so errors are always the reference's."""
+    try:
+        return _decode_compiled(data, start, end, registry)
+    except _FALLBACK:
+        return decode_from(Reader(data, start, end), registry)
+
+
 def decode(data: bytes, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
     """Decode an attribute value; raises CodecError (and nothing else) on bad input."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"decode needs bytes, not {type(data).__name__}")
-    return decode_from(Reader(bytes(data)), registry)
+    data = bytes(data)
+    return decode_window(data, 0, len(data), registry)

@@ -30,6 +30,9 @@ class TLVType(enum.IntEnum):
     SIGNATURE = 255
 
 
+# Every advertisement carries these (`tlvs.MANDATORY` are their classes).
+MANDATORY_TYPES = frozenset({TLVType.VERSION, TLVType.ORIGIN, TLVType.SEQUENCE, TLVType.TIMESTAMP})
+
 TLV_NAMES: dict[int, str] = {t.value: t.name.lower().replace("_", "-") for t in TLVType}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import operator
 import struct
 import typing
 from collections.abc import Callable
@@ -344,9 +345,13 @@ F64 = Float64()
 
 
 def strictly_increasing(items: tuple[Any, ...], key: Callable[[Any], Any], name: str) -> None:
-    """Canonical lists are sorted by `key` without repeats."""
-    for i in range(1, len(items)):
-        if key(items[i - 1]) >= key(items[i]):
+    """Canonical lists are sorted by `key` without repeats. (`key` is best an
+    `operator.attrgetter`: the common, passing case then runs without a Python frame.)"""
+    keys = list(map(key, items))
+    if all(map(operator.lt, keys, keys[1:])):
+        return
+    for i in range(1, len(keys)):
+        if keys[i - 1] >= keys[i]:
             raise NonCanonicalError(
                 f"{name}[{i}] is not after {name}[{i - 1}]: entries must be strictly increasing"
             )
@@ -361,6 +366,10 @@ class Record:
     __slots__ = ()
     _LAYOUT: ClassVar[tuple[tuple[str, FieldCodec], ...]] = ()
     _STEPS: ClassVar[tuple[_FixedRun | tuple[str, FieldCodec], ...]] = ()
+    # A record holding one canonical list says so here rather than in `validate`:
+    # (the list field, the item fields of its key); the list must be strictly increasing
+    # by that key. The compiled decoders then check the order while reading the items.
+    SORTED_BY: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def __post_init__(self) -> None:
         for name, codec in self._LAYOUT:
@@ -368,7 +377,11 @@ class Record:
         self.validate()
 
     def validate(self) -> None:
-        """Cross-field rules; raise a CodecError subclass (offset left to the decoder)."""
+        """Cross-field rules; raise a CodecError subclass (offset left to the decoder).
+        This base form checks `SORTED_BY`; a record with other rules overrides it."""
+        if self.SORTED_BY is not None:
+            field, keys = self.SORTED_BY
+            strictly_increasing(getattr(self, field), operator.attrgetter(*keys), field)
 
     def encode_into(self, w: Writer) -> None:
         for name, codec in self._LAYOUT:

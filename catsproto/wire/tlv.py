@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
+from catsproto.wire.codes import MANDATORY_TYPES
+from catsproto.wire.compiled import SequenceDecoder, compile_sequence, compile_tlv_value
 from catsproto.wire.errors import BadValueError
 from catsproto.wire.fields import JSON, Record
 
@@ -85,7 +87,12 @@ AnyTLV = TLV | UnknownTLV
 
 
 class Registry:
-    """Type code → TLV class. Immutable once built; `extended` returns a new one."""
+    """Type code → TLV class. Immutable once built; `extended` returns a new one.
+
+    `compiled` maps each type code to its class's compiled decoder and
+    `compiled_sequence` decodes a run of registered TLVs inline (`wire.compiled`),
+    both built here once; `decode_tlv` is the reference path.
+    """
 
     def __init__(self, classes: Iterable[type[TLV]] = ()):
         by_type: dict[int, type[TLV]] = {}
@@ -102,6 +109,11 @@ class Registry:
             by_name[cls.NAME] = cls
         self.by_type: Mapping[int, type[TLV]] = MappingProxyType(by_type)
         self.by_name: Mapping[str, type[TLV]] = MappingProxyType(by_name)
+        # a plain dict, read-only by convention: the decode loop looks it up per TLV
+        self.compiled: dict[int, Callable[[bytes, int, int], TLV]] = {
+            code: compile_tlv_value(cls) for code, cls in by_type.items()
+        }
+        self.compiled_sequence: SequenceDecoder = compile_sequence(by_type, MANDATORY_TYPES)
 
     def extended(self, *classes: type[TLV]) -> Registry:
         return Registry([*self.by_type.values(), *classes])

@@ -8,10 +8,12 @@ the key named in `validate`, never empty (an empty list is an absent TLV).
 from __future__ import annotations
 
 import ipaddress
+from operator import attrgetter
 from typing import Annotated
 
 from catsproto.wire.codes import (
     FORMAT_VERSION,
+    MANDATORY_TYPES,
     AeadAlgorithm,
     KeyScheme,
     MetricCategory,
@@ -117,7 +119,11 @@ class L0Metric(Record):
     value: Annotated[float, F64]
 
     def key(self) -> tuple[int, int, int]:
-        return (self.metric_type, self.statistic, self.source)
+        return _L0_KEY(self)
+
+
+_L0_KEY = attrgetter("metric_type", "statistic", "source")
+_BY_KIND_VALUE = attrgetter("kind", "value")
 
 
 @define_tlv(TLVType.METRICS_L0, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -126,8 +132,7 @@ class MetricsL0(TLV):
 
     metrics: Annotated[tuple[L0Metric, ...], Items(L0Metric)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.metrics, L0Metric.key, "metrics")
+    SORTED_BY = ("metrics", ("metric_type", "statistic", "source"))
 
 
 @record
@@ -144,8 +149,7 @@ class MetricsL1(TLV):
 
     scores: Annotated[tuple[L1Score, ...], Items(L1Score)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.scores, lambda s: s.category, "scores")
+    SORTED_BY = ("scores", ("category",))
 
 
 @define_tlv(TLVType.METRICS_L2, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -213,8 +217,7 @@ class CacheSummaries(TLV):
 
     entries: Annotated[tuple[SummaryEntry, ...], Items(SummaryEntry, prefix=2)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.entries, lambda e: e.tier, "entries")
+    SORTED_BY = ("entries", ("tier",))
 
 
 @define_tlv(TLVType.CAPACITY, on_error=ErrorAction.ATTRIBUTE_DISCARD)
@@ -245,8 +248,7 @@ class HotPrefixes(TLV):
 
     prefixes: Annotated[tuple[HotPrefix, ...], Items(HotPrefix)]
 
-    def validate(self) -> None:
-        strictly_increasing(self.prefixes, lambda p: p.block_key, "prefixes")
+    SORTED_BY = ("prefixes", ("block_key",))
 
 
 CHACHA20_POLY1305_NONCE_LEN = 12
@@ -379,7 +381,7 @@ class Delegation(TLV):
             raise BadValueError(
                 f"not_before_ms {self.not_before_ms} not below not_after_ms {self.not_after_ms}"
             )
-        strictly_increasing(self.scope, ScopeEntry.key, "scope")
+        strictly_increasing(self.scope, _BY_KIND_VALUE, "scope")
         missing = {ScopeKind.CS_ID, ScopeKind.ROUTE, ScopeKind.ADDRESS} - {
             e.kind for e in self.scope
         }
@@ -432,3 +434,5 @@ DEFAULT_REGISTRY = Registry(
     ]
 )
 MANDATORY = (Version, Origin, Sequence, Timestamp)
+if {cls.TYPE for cls in MANDATORY} != MANDATORY_TYPES:  # pragma: no cover
+    raise ImportError("tlvs.MANDATORY and codes.MANDATORY_TYPES disagree")
