@@ -19,22 +19,39 @@ exposes its counters. Compute metrics come from a callable (here the engine's qu
     POST /generate   {"prompt_token_ids": [...]} or {"hash_ids": [...], "input_length": n}
                      -> answered when prefill ends (the first token): the client measures
                         time to first token; the body tells cached and computed tokens
-    GET  /state      the engine's queue and cache, the node's counters
+    GET  /state      the engine's queue and cache, the node's counters, stale hits
     GET  /advertisements   the latest advertisement per route (hex and JSON)
     GET  /metrics    Prometheus text
+
+KV payloads and pulls. With ``payload_bytes`` > 0 (and a `BlockKeyer`) the engine keeps a
+synthetic payload per cached block under its advertised block key (`StoredBlock`, digest
+taken at admission), dropped when the block leaves the cache: `lookup_payload` is what
+its `TransferServer` serves. A /generate body may carry the steering API's instruction
+``"kv_source": {"address", "port", "key_id", "expected_blocks"}``: before the request
+queues, the engine pulls the prompt's block keys from that holder over mutually
+authenticated TLS (`KvPuller`; the holder must be exactly ``key_id``), admits the verified
+run into its cache (so the C-SMA advertises it next) and prefills only the rest. A pull cut
+off midway is resumed once from the last verified block; one that fails admits nothing.
+``"expected_cached_blocks"`` is what the selector claimed; an instance that finds fewer
+counts a *stale hit* (`transfer.StaleHitLedger`) and says whether the first missing block
+was evicted since (``stale_cause: evicted``) or never held here (``not-held``: a summary's
+false positive), or was missing at the holder (``holder``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import itertools
 import json
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -67,12 +84,19 @@ from catsproto.node import (
     TierSpec,
     VllmIngest,
 )
+from catsproto.security import TrustStore
+from catsproto.transfer import Outcome, StaleHitLedger, StoredBlock, synthetic_payload
 from catsproto.wire import Tier
+
+if TYPE_CHECKING:
+    from catsproto.adapters.transfer_tls import PullResult, TransferIdentity
 
 __all__ = [
     "MEDIUM_OF_TIER",
     "EngineConfig",
     "InstanceServer",
+    "KvPuller",
+    "KvSource",
     "ModelledEngine",
     "NodeAgent",
     "PromptError",
@@ -82,6 +106,7 @@ __all__ = [
 MEDIUM_OF_TIER = {Tier.HBM: "GPU", Tier.DRAM: "CPU", Tier.SSD: "DISK", Tier.REMOTE: "REMOTE"}
 _NONE_HASH = bytes(8)
 _TOKEN_SPACE = 1 << 31
+_EVICTED_MEMORY = 1 << 17  # evicted block hashes remembered, to tell stale from never held
 
 
 class PromptError(ValueError):
@@ -113,6 +138,79 @@ class EngineConfig:
     )
     pub_endpoint: str = "tcp://127.0.0.1:*"
     replay_endpoint: str | None = "tcp://127.0.0.1:*"
+    payload_bytes: int = 0
+    """Synthetic KV bytes stored per cached block (0: none); needs a keyer."""
+
+
+@dataclass(frozen=True)
+class KvSource:
+    """The steering API's instruction: pull the prompt's prefix from this holder."""
+
+    host: str
+    port: int
+    key_id: bytes
+    expected_blocks: int = 0
+
+    @classmethod
+    def from_json(cls, obj: Any) -> KvSource:
+        if not isinstance(obj, dict):
+            raise PromptError("kv_source must be an object")
+        try:
+            host = str(ipaddress.ip_address(obj["address"]))
+            port, expected = obj.get("port"), obj.get("expected_blocks", 0)
+            key_id = bytes.fromhex(obj["key_id"])
+        except (KeyError, TypeError, ValueError):
+            raise PromptError("kv_source needs address (IP), port and key_id (hex)") from None
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise PromptError("kv_source.port must be 1..65535")
+        if not key_id or not isinstance(expected, int) or expected < 0:
+            raise PromptError("kv_source needs a key_id and expected_blocks >= 0")
+        return cls(host, port, key_id, expected)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "address": self.host,
+            "port": self.port,
+            "key_id": self.key_id.hex(),
+            "expected_blocks": self.expected_blocks,
+        }
+
+
+@dataclass
+class KvPuller:
+    """Pulls prefixes for the engine: the node's transfer identity, the trust store that
+    says which holders are real, and the address to pull from (the instance's own)."""
+
+    identity: TransferIdentity
+    trust: TrustStore
+    source_address: str | None = None
+    rate_bps: int = 0
+    timeout: float = 30.0
+    attempts: int = 2  # the first pull, then one resumption from the last verified block
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def pull(self, source: KvSource, keys: Sequence[int]) -> tuple[PullResult, int]:
+        """(the last attempt's result, attempts made). Admit only `result.completed`."""
+        from catsproto.adapters.transfer_tls import PeerPolicy, pull
+
+        policy = PeerPolicy(self.trust, expected_key_id=source.key_id)
+        resume = None
+        for attempt in range(1, self.attempts + 1):
+            result = pull(
+                (source.host, source.port),
+                self.identity,
+                policy,
+                keys,
+                transfer_id=next(self._ids),
+                resume=resume,
+                rate_bps=self.rate_bps,
+                timeout=self.timeout,
+                source_address=self.source_address,
+            )
+            if result.completed is not None or getattr(result.error, "code", None):
+                return result, attempt  # done, or refused (a refusal is not retried)
+            resume = result.resume
+        return result, self.attempts
 
 
 @dataclass
@@ -122,15 +220,37 @@ class _Job:
     arrived: float
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)
+    keys: list[int] | None = None  # advertised block keys, when the engine has a keyer
+    pulled: tuple[StoredBlock, ...] = ()
+    transfer: dict[str, Any] | None = None
+    expected: int | None = None  # blocks the selector claimed were cached (or at the source)
+    source: str = "local"
 
 
 class ModelledEngine:
     """FCFS prefill over a tiered cache; publishes vLLM KV events. One worker thread."""
 
-    def __init__(self, config: EngineConfig, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        context: zmq.Context | None = None,
+        *,
+        keyer: BlockKeyer | None = None,
+        puller: KvPuller | None = None,
+    ) -> None:
+        if config.payload_bytes and keyer is None:
+            raise ValueError("payloads are stored by block key: give the engine a keyer")
         self.config = config
+        self.keyer = keyer
+        self.puller = puller
         self.cache = TieredCache(config.tiers)
         self.hits = HitCounter()
+        self.payloads: dict[int, StoredBlock] = {}
+        """block key -> payload, for every cached block (when payload_bytes > 0)."""
+        self._key_of: dict[int, int] = {}  # engine hash -> block key, cached blocks only
+        self._evicted: OrderedDict[int, float] = OrderedDict()  # hash -> when it left
+        self.ledger = StaleHitLedger()
+        self.transfers = {"pulls": 0, "failed": 0, "blocks": 0, "bytes": 0, "resumed": 0}
         self.publisher = VllmEventPublisher(
             config.pub_endpoint, config.replay_endpoint, context=context
         )
@@ -179,17 +299,125 @@ class ModelledEngine:
             return [(h, p, None) for h, p in zip(ids, [None, *ids], strict=False)], length
         raise PromptError("give prompt_token_ids, or hash_ids and input_length")
 
+    def block_keys(self, blocks: Sequence[tuple[int, int | None, list[int] | None]]) -> list[int]:
+        """The advertised keys of a prompt's blocks (what its C-SMA derives, TOKENS mode)."""
+        assert self.keyer is not None
+        keys, previous = [], 0
+        bs = self.config.block_size
+        for h, _, tokens in blocks:
+            previous = self.keyer.chain(previous, tokens or mooncake_tokens(h, bs))
+            keys.append(previous)
+        return keys
+
+    def lookup_payload(self, key: int) -> StoredBlock | None:
+        """The payload of a cached block by its advertised key (the transfer holder's view)."""
+        return self.payloads.get(key)
+
     def submit(self, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """Queue a request and wait for its prefill to end."""
+        """Queue a request (after pulling its prefix, if told to) and wait for its prefill."""
         blocks, length = self.prompt_blocks(body)
+        expected = body.get("expected_cached_blocks")
+        if expected is not None and (not isinstance(expected, int) or expected < 0):
+            raise PromptError("expected_cached_blocks must be a non-negative integer")
+        source = KvSource.from_json(body["kv_source"]) if "kv_source" in body else None
+        if source is not None and (self.puller is None or self.keyer is None):
+            raise PromptError("this instance has no transfer credentials: it cannot pull")
+        job = _Job(blocks, length, time.monotonic(), expected=expected)
+        if self.keyer is not None:
+            job.keys = self.block_keys(blocks)
+        if source is not None and job.keys:
+            job.source = f"{source.host}:{source.port}"
+            job.pulled, job.transfer = self._pull(source, job.keys)
+            if expected is None:
+                job.expected = source.expected_blocks
         with self._lock:
-            job = _Job(blocks, length, time.monotonic())
+            job.arrived = time.monotonic()
             self.waiting += 1
             self.outstanding_tokens += length
         self._queue.put(job)
         if not job.done.wait(timeout):
             raise TimeoutError("request not served in time")
         return job.result
+
+    def _pull(
+        self, source: KvSource, keys: list[int]
+    ) -> tuple[tuple[StoredBlock, ...], dict[str, Any]]:
+        """Pull `keys` from `source`; the verified run (empty unless the pull completed)."""
+        assert self.puller is not None
+        result, attempts = self.puller.pull(source, keys)
+        done = result.completed
+        blocks = done.blocks if done is not None else ()
+        with self._lock:
+            self.transfers["pulls"] += 1
+            self.transfers["failed"] += done is None
+            self.transfers["resumed"] += attempts - 1
+            self.transfers["blocks"] += len(blocks)
+            self.transfers["bytes"] += sum(len(b.payload) for b in blocks)
+        return blocks, {
+            "from": source.to_json(),
+            "ok": done is not None,
+            "blocks": len(blocks),
+            "requested": len(keys),
+            "recompute_from": done.recompute_from if done is not None else 0,
+            "payload_bytes": sum(len(b.payload) for b in blocks),
+            "wire_bytes": result.wire_bytes,
+            "seconds": round(result.seconds, 6),
+            "attempts": attempts,
+            "holder_key_id": result.peer_key_id,
+            "error": f"{type(result.error).__name__}: {result.error}" if result.error else "",
+        }
+
+    def _track_payloads(self, events: list[BlockEvent], job: _Job) -> None:
+        """Keep payloads, hash -> key and the evicted memory in step with the cache (lock
+        held): a payload exists exactly while its block is cached."""
+        size = self.config.payload_bytes
+        pulled = {b.key: b for b in job.pulled}
+        for ev in events:
+            if ev.kind is BlockEventKind.STORED and size:
+                for h in ev.keys:
+                    key = self._key_of.get(h)
+                    if key is not None and key not in self.payloads:
+                        block = pulled.get(key)
+                        self.payloads[key] = block or StoredBlock.of(
+                            key, synthetic_payload(key, size)
+                        )
+            elif ev.kind is BlockEventKind.REMOVED:
+                now = time.monotonic()
+                for h in ev.keys:
+                    if h in self.cache:
+                        continue
+                    key = self._key_of.pop(h, None)
+                    if key is not None:
+                        self.payloads.pop(key, None)
+                    self._evicted[h] = now
+                    self._evicted.move_to_end(h)
+                while len(self._evicted) > _EVICTED_MEMORY:
+                    self._evicted.popitem(last=False)
+
+    def _outcome(self, job: _Job, found: int) -> dict[str, Any]:
+        """The stale-hit bookkeeping of one request (lock held)."""
+        if job.expected is None:
+            return {}
+        expected = min(job.expected, len(job.blocks))
+        outcome = self.ledger.record(
+            Outcome(expected, min(found, expected), len(job.blocks)), job.source
+        )
+        cause = None
+        gone_ms = None
+        if outcome.stale:
+            if job.transfer is not None:
+                cause = "holder"
+            else:
+                h = job.blocks[found][0]
+                when = self._evicted.get(h)
+                cause = "evicted" if when is not None else "not-held"
+                gone_ms = None if when is None else round(1000 * (time.monotonic() - when), 3)
+        return {
+            "expected_blocks": expected,
+            "stale": outcome.stale,
+            "stale_cause": cause,
+            "evicted_ms_ago": gone_ms,
+        }
 
     def _run(self) -> None:
         bs = self.config.block_size
@@ -200,10 +428,20 @@ class ModelledEngine:
             with self._lock:
                 self.waiting -= 1
                 self.running += 1
-                for h, parent, tokens in job.blocks:
+                for i, (h, parent, tokens) in enumerate(job.blocks):
                     if h not in self._blocks:
                         self._blocks[h] = (parent, tokens)
-                hit, events = self.cache.admit([b[0] for b in job.blocks])
+                    if job.keys is not None:
+                        self._key_of[h] = job.keys[i]
+                hashes = [b[0] for b in job.blocks]
+                events: list[BlockEvent] = []
+                if job.pulled:  # the verified run first, as if computed here earlier
+                    _, events = self.cache.admit(hashes[: len(job.pulled)])
+                    self._track_payloads(events, job)
+                hit, more = self.cache.admit(hashes)
+                self._track_payloads(more, job)
+                events += more
+                outcome = self._outcome(job, hit.depth)
                 cached = min(job.input_length, hit.depth * bs)
                 computed = job.input_length - cached
                 self.outstanding_tokens -= cached
@@ -227,7 +465,10 @@ class ModelledEngine:
                 "prefill_tokens": computed,
                 "model_prefill_ms": round(1000 * prefill_s, 3),
                 "queue_wall_ms": round(1000 * (start - job.arrived), 3),
+                **outcome,
             }
+            if job.transfer is not None:
+                job.result["transfer"] = job.transfer
             job.done.set()
 
     def _stored(self, medium: str, hashes: Sequence[int]) -> list[Any]:
@@ -288,6 +529,9 @@ class ModelledEngine:
                 "blocks": {t.name.lower(): self.cache.count(t) for t in self.cache.order},
                 "hit_ratio": round(self.hits.ratio, 6),
                 "events_published_bytes": self.publisher.bytes_published,
+                "payload_blocks": len(self.payloads),
+                "stale_hits": self.ledger.to_json(),
+                "transfers": dict(self.transfers),
             }
 
     def close(self) -> None:

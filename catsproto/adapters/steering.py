@@ -6,11 +6,14 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
                     or {"cs_id": 100, "block_keys": [int | "hex", ...], "prompt_tokens": n}
                     -> {"instance", "url", "site", "path", "route", "chosen", "runner_up",
                         "explanation", "decision_ms", "install_ms", ...}
-    POST /generate  the same body with prompt_token_ids (or hash_ids + input_length):
-                    decide, install, then proxy it to the chosen instance's /generate and
-                    answer with the instance's reply plus the decision ("steering")
+                    or {"cs_id": 100, "hash_ids": [...], "input_length": n} (Mooncake)
+    POST /generate  the same body: decide, install, then proxy it to the chosen
+                    instance's /generate and answer with the instance's reply plus the
+                    decision ("steering"); a "compute here, pull from there" decision
+                    goes with the pull instruction (below)
     GET  /flows     the routes this forwarder installed
     GET  /rib       the instances the selector knows (address, site, blocks, freshness)
+    GET  /stale     stale hits the instances reported for proxied requests
     GET  /health
 
 Three small parts, each testable alone:
@@ -26,6 +29,16 @@ Three small parts, each testable alone:
   proxied request come back to an address BGP knows). Without that route the ingress
   has no way to the instance at all, so the packets of the flow take the chosen path or
   none. An instance at the ingress's own site needs no route.
+
+When the chosen estimate has a `kv_source`, the decision carries a pull instruction
+(`kv_pull`): the source's Origin address, the transfer port (`transfer_tls.TRANSFER_PORT`,
+the lab's convention), the key id that signed the source's verified advertisement (the
+holder must present exactly that key) and how many leading blocks its summaries claim.
+Proxy mode hands it to the computing instance as ``kv_source``, which pulls the prefix
+itself over mutually authenticated TLS (docs/transfer.md); an instance at the ingress's
+own site also gets a host route towards the source. Every proxied request says what the
+selector claimed (``expected_cached_blocks``) and the instance answers whether it was a
+stale hit; `GET /stale` sums those answers (`transfer.StaleHitLedger`).
 
 The service takes its whole world from a `SteeringConfig` (JSON): no topology parsing
 here; `catsproto.lab.flows` writes the file for the lab.
@@ -53,6 +66,8 @@ import numpy as np
 
 from catsproto import wire
 from catsproto.adapters.http import BackgroundHTTPServer
+from catsproto.adapters.instance import mooncake_tokens
+from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.selector import (
     RIB,
@@ -64,6 +79,7 @@ from catsproto.selector import (
     Request,
     SelectorConfig,
 )
+from catsproto.transfer import Outcome, StaleHitLedger
 
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
@@ -88,6 +104,7 @@ class SteeringConfig:
     source: str | None = None  # preferred source of installed routes
     instance_port: int = 8100
     netns: str | None = None  # install routes in this namespace (None: the current one)
+    transfer_port: int = TRANSFER_PORT  # where instances serve KV pulls (their address)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +119,7 @@ class SteeringConfig:
             "source": self.source,
             "instance_port": self.instance_port,
             "netns": self.netns,
+            "transfer_port": self.transfer_port,
         }
 
     @classmethod
@@ -118,6 +136,7 @@ class SteeringConfig:
             source=obj.get("source"),
             instance_port=int(obj.get("instance_port", 8100)),
             netns=obj.get("netns"),
+            transfer_port=int(obj.get("transfer_port", TRANSFER_PORT)),
         )
 
 
@@ -132,6 +151,7 @@ class RibFeed:
         self.rib = rib or RIB()
         self._values: dict[tuple[str, str], str] = {}
         self._origins: dict[str, int] = {}  # address -> CS-ID
+        self.key_ids: dict[str, bytes] = {}  # address -> key id of its verified signature
         self._stamp: tuple[int, int] | None = None
         self.routes = 0
 
@@ -162,11 +182,14 @@ class RibFeed:
                 except (wire.CodecError, ValueError):
                     continue
                 self.rib.accept(adv, now_ms)
+                if adv.signature is not None:
+                    self.key_ids[str(adv.origin.address)] = adv.signature.key_id
             if "origin" in route:
                 origins[route["origin"]] = int(route.get("cs_id", 0))
         for address, cs_id in self._origins.items():
             if address not in origins:
                 self.rib.withdraw(ipaddress.ip_address(address), cs_id)
+                self.key_ids.pop(address, None)
         self._values, self._origins, self.routes = current, origins, len(current)
         return True
 
@@ -293,6 +316,7 @@ class SteeringService:
     feed: RibFeed = field(init=False)
     selector: PathSelector = field(init=False)
     decisions: int = 0
+    ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
 
     def __post_init__(self) -> None:
         self.feed = RibFeed(self.config.rib_file)
@@ -319,8 +343,21 @@ class SteeringService:
         elif "block_keys" in body:
             keys = _block_keys(body["block_keys"])
             length = body.get("prompt_tokens", len(keys) * self.config.block_size)
+        elif "hash_ids" in body:  # Mooncake: the instance's synthetic tokens, keyed alike
+            ids = body["hash_ids"]
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and 0 <= i < 1 << 63 for i in ids
+            ):
+                raise SteeringError("hash_ids must be a list of non-negative integers")
+            bs = self.config.block_size
+            tokens = [t for h in ids for t in mooncake_tokens(h, bs)]
+            keys = np.array(self.keyer.block_keys(tokens), dtype=np.uint64)
+            length = body.get("input_length")
         else:
-            raise SteeringError("give prompt_token_ids, or block_keys (and prompt_tokens)")
+            raise SteeringError(
+                "give prompt_token_ids, block_keys (and prompt_tokens) or hash_ids "
+                "(and input_length)"
+            )
         if not isinstance(length, int) or length < 0:
             raise SteeringError("prompt_tokens must be a non-negative integer")
         return Request(cs_id, keys, length, self.config.ingress)
@@ -332,12 +369,40 @@ class SteeringService:
             now_ms = int(self.clock() * 1000)
             self.feed.refresh(now_ms)
             decision = self.selector.decide(request, now_ms)
+            pull = self.pull_instruction(decision, request)
             self.decisions += 1
         decided = time.perf_counter()
         chosen = decision.chosen
         route = self.forwarder.install(str(chosen.address), chosen.path) if install else None
+        if install and pull is not None and len(chosen.path) == 1:
+            # the computing instance sits at the ingress, which has no default route
+            path = self.selector.network.path(chosen.path[0], pull["site_node"])
+            if path is not None and len(path.nodes) > 1:
+                self.forwarder.install(pull["address"], path.nodes)
         done = time.perf_counter()
-        return self.answer(decision, route, decided - started, done - decided)
+        return self.answer(decision, route, decided - started, done - decided, pull)
+
+    def pull_instruction(self, decision: Decision, request: Request) -> dict[str, Any] | None:
+        """Where the chosen instance pulls the prefix from (None: computed from its own
+        cache): the source's address, transfer port, signing key id, and the leading
+        blocks its summaries claim. Lock held."""
+        src = decision.chosen.kv_source
+        if src is None:
+            return None
+        key_id = self.feed.key_ids.get(str(src))
+        table = self.feed.rib.services.get(request.cs_id)
+        inst = table.by_address.get(src) if table is not None else None
+        if key_id is None or inst is None:
+            return None  # unsigned or gone: nobody to authenticate, recompute instead
+        held = inst.lookup(request.block_keys) != 0
+        claimed = int(np.argmin(held)) if not held.all() else len(held)
+        return {
+            "address": str(src),
+            "port": self.config.transfer_port,
+            "key_id": key_id.hex(),
+            "expected_blocks": claimed,
+            "site_node": self.selector.config.node_of(inst.site_id),
+        }
 
     def answer(
         self,
@@ -345,14 +410,18 @@ class SteeringService:
         route: InstalledRoute | None,
         decide_s: float,
         install_s: float,
+        pull: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         c = decision.chosen
+        kv_pull = {k: v for k, v in pull.items() if k != "site_node"} if pull else None
         return {
             "instance": str(c.address),
             "url": f"http://{c.address}:{self.config.instance_port}",
             "site": c.site_id,
             "path": list(c.path),
             "kv_source": str(c.kv_source) if c.kv_source else None,
+            "kv_pull": kv_pull,
+            "expected_cached_blocks": kv_pull["expected_blocks"] if kv_pull else c.cached_blocks,
             "estimated_ttft_ms": round(c.total_ms, 3),
             "route": route.to_json() if route else None,
             "chosen": c.terms(),
@@ -369,11 +438,20 @@ class SteeringService:
         forward = {k: v for k, v in body.items() if k in ("prompt_token_ids", "hash_ids")}
         if "input_length" in body:
             forward["input_length"] = body["input_length"]
+        forward["expected_cached_blocks"] = steering["expected_cached_blocks"]
+        if steering["kv_pull"] is not None:
+            forward["kv_source"] = steering["kv_pull"]
         started = time.perf_counter()
         status, reply = post_json(steering["url"] + "/generate", forward, timeout=timeout)
         ttft_ms = 1000 * (time.perf_counter() - started)
         if status != 200:
             raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
+        if isinstance(reply, dict) and "expected_blocks" in reply:
+            with self._lock:
+                expected = int(reply["expected_blocks"])
+                found = min(expected, int(reply.get("cached_blocks", 0)))
+                source = "remote" if steering["kv_pull"] else "local"
+                self.ledger.record(Outcome(expected, found, int(reply.get("blocks", 0))), source)
         return {"steering": steering, "reply": reply, "proxy_ttft_ms": round(ttft_ms, 3)}
 
     def rib_view(self) -> list[dict[str, Any]]:
@@ -448,6 +526,9 @@ def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
                 self._json(200, [r.to_json() for r in service.forwarder.installed.values()])
             elif self.path == "/rib":
                 self._json(200, service.rib_view())
+            elif self.path == "/stale":
+                with service._lock:
+                    self._json(200, service.ledger.to_json())
             elif self.path == "/health":
                 self._json(200, {"ok": True, "decisions": service.decisions})
             else:

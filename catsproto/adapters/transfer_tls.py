@@ -58,6 +58,9 @@ from catsproto.transfer import (
     TruncatedTransferError,
 )
 
+TRANSFER_PORT = 7470
+"""Where an instance serves pulls: this TCP port on its advertised Origin address (the
+lab's convention; docs/transfer.md, "Finding the holder")."""
 OFFER_MAGIC = b"CATSXFR1"
 _OFFER_LEN = struct.Struct(">H")
 MAX_CERT = 4096
@@ -444,16 +447,19 @@ def pull(
     timeout: float = 30.0,
     cancel: threading.Event | None = None,
     keep_events: bool = False,
+    source_address: str | None = None,
 ) -> PullResult:
-    """Pull the prefix `keys` from the holder at `address`. TLS unless both identity and
-    policy are None (benchmarks' plaintext baseline)."""
+    """Pull the prefix `keys` from the holder at `address` (from `source_address`, e.g.
+    the instance's own address, if given). TLS unless both identity and policy are None
+    (benchmarks' plaintext baseline)."""
     puller = Puller(transfer_id, keys, resume=resume, rate_bps=rate_bps)
     started = time.perf_counter()
     events: list[PullerEvent] = []
     completed: Completed | None = None
     peer = ""
     try:
-        raw = socket.create_connection(address, timeout=timeout)
+        bind = (source_address, 0) if source_address else None
+        raw = socket.create_connection(address, timeout=timeout, source_address=bind)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
         try:

@@ -8,8 +8,15 @@ port `INSTANCE_PORT`) — and every route the builder emits is signed with the
 instance's lab key and written to the egress's spool (`ServedInstance`). The first
 instance of each site computes that site's demo conversation at start, so its cache
 really holds it; `--background-blocks` keeps a trickle of random prompts flowing so
-caches and load move. Without `--serve` (the loopback mode, some tests) the stand-in
-below publishes drifting random keys instead:
+caches and load move. Each served instance also stores a synthetic KV payload per cached
+block — the model's 64 MiB per block scaled down by `--kv-scale` (default 256: 256 KiB),
+and it advertises that scaled size, so the selector prices the bytes that really cross
+the lab's links — and serves pulls of them over mutually authenticated TLS 1.3 on its own
+address, port `TRANSFER_PORT`, with a transfer certificate made from its lab node key and
+checked against the lab's trust store (`lab_trust`, the same one the receivers use).
+
+Without `--serve` (the loopback mode, some tests) the stand-in below publishes
+drifting random keys instead:
 
 `instance_routes` (pure) turns an instance's block keys into the routes it announces:
 its CSCI-ID /32 carries its metrics and capacity, and one host route per summary shard
@@ -36,6 +43,7 @@ import numpy as np
 
 from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
+from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.node import (
@@ -62,6 +70,7 @@ INSTANCE_PORT = 8100  # every served instance's HTTP port, on its own address
 LAB_SHAPE = ModelShape(32, 8, 128, 2, BLOCK_TOKENS)
 LAB_TIERS = (TierSpec(Tier.HBM, 256, 5, 1_600_000), TierSpec(Tier.DRAM, 2_048, 30, 400_000))
 LAB_PREFILL_TPS = 8_000.0
+KV_SCALE = 256  # lab payloads and advertised block size: the model's KV ÷ this
 
 
 def demo_prompt(site_id: int, blocks: int = DEMO_PROMPT_BLOCKS) -> list[int]:
@@ -178,6 +187,22 @@ class ModelledInstance:
         )
 
 
+def lab_tiers(text: str) -> tuple[TierSpec, ...]:
+    """'hbm:64,dram:512' -> the lab's tiers with those capacities (same latency, rate)."""
+    base = {spec.tier: spec for spec in LAB_TIERS}
+    out = []
+    for part in text.split(","):
+        name, _, blocks = part.partition(":")
+        try:
+            tier = Tier[name.strip().upper()]
+            spec = base[tier]
+            latency, rate = spec.fetch_latency_us, spec.fetch_bandwidth_mbps
+            out.append(TierSpec(tier, int(blocks), latency, rate))
+        except (KeyError, ValueError):
+            raise ValueError(f"tier {part!r} is not like hbm:256 (tiers: hbm, dram)") from None
+    return tuple(out)
+
+
 def lab_key(topology: Topology, name: str) -> security.SigningKey:
     """A deterministic demo key (lab only: anyone can derive it from the topology)."""
     return security.SigningKey.from_seed(
@@ -235,26 +260,50 @@ class ServedInstance:
         prefill_tps: float = LAB_PREFILL_TPS,
         min_interval_ms: int = 1_000,
         max_message: int = 4096,
+        trust: security.TrustStore | None = None,
+        kv_scale: int = KV_SCALE,
+        transfer_port: int = TRANSFER_PORT,
+        tiers: tuple[TierSpec, ...] = LAB_TIERS,
     ) -> None:
         from catsproto.adapters.instance import (
             EngineConfig,
             InstanceServer,
+            KvPuller,
             ModelledEngine,
             NodeAgent,
+        )
+        from catsproto.adapters.transfer_tls import (
+            PeerPolicy,
+            ServerOptions,
+            TransferIdentity,
+            TransferServer,
         )
         from catsproto.adapters.vllm_events import RankEndpoint
 
         self.spec, self.spool, self.signer = spec, spool, signer
         self.published: set[Prefix] = set()
         self._lock = threading.Lock()
+        host = host or str(spec.address)
+        keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
+        bytes_per_block = max(1, LAB_SHAPE.bytes_per_block // kv_scale)
+        self.identity = TransferIdentity(signer) if trust is not None else None
+        puller = (
+            KvPuller(self.identity, trust, source_address=host)
+            if self.identity is not None and trust is not None
+            else None
+        )
         self.engine = ModelledEngine(
             EngineConfig(
                 block_size=BLOCK_TOKENS,
                 prefill_rate_tps=prefill_tps,
                 time_scale=time_scale,
-                tiers=LAB_TIERS,
-            )
+                tiers=tiers,
+                payload_bytes=bytes_per_block if trust is not None else 0,
+            ),
+            keyer=keyer,
+            puller=puller,
         )
+        self.transfer: TransferServer | None = None
         try:
             self.node = NodeAgent(
                 BuilderConfig(
@@ -262,7 +311,7 @@ class ServedInstance:
                     address=str(spec.address),
                     model_id=MODEL,
                     block_size=BLOCK_TOKENS,
-                    bytes_per_block=LAB_SHAPE.bytes_per_block,
+                    bytes_per_block=bytes_per_block,
                     site_id=spec.site_id,
                     max_message_bytes=max_message,
                     as_path_hops=PATH_MARGIN_HOPS,
@@ -275,8 +324,8 @@ class ServedInstance:
                         min_interval_ms, max(min_interval_ms, 10_000), wait_threshold_ms=50.0
                     ),
                 ),
-                LAB_TIERS,
-                BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS),
+                tiers,
+                keyer,
                 [
                     RankEndpoint(
                         0, self.engine.publisher.endpoint, self.engine.publisher.replay_endpoint
@@ -286,9 +335,22 @@ class ServedInstance:
                 on_routes=self._publish,
                 hits=self.engine.hits,
             )
-            self.server = InstanceServer(self.engine, self.node, host or str(spec.address), port)
+            self.server = InstanceServer(self.engine, self.node, host, port)
+            if self.identity is not None and trust is not None:
+                self.transfer = TransferServer(
+                    self.identity,
+                    PeerPolicy(trust),
+                    self.engine.lookup_payload,
+                    host,
+                    transfer_port,
+                    # the holder's epoch is its advertisements' epoch: a restarted
+                    # instance's old staged blocks are replaced, never merged
+                    ServerOptions(epoch=self.node.builder.epoch),
+                )
         except BaseException:
             self.engine.close()
+            if self.identity is not None:
+                self.identity.close()
             raise
 
     def _publish(self, routes: list[RouteAdvertisement]) -> None:
@@ -312,10 +374,16 @@ class ServedInstance:
     def start(self) -> ServedInstance:
         self.node.start()
         self.server.start()
+        if self.transfer is not None:
+            self.transfer.start()
         return self
 
     def close(self) -> None:
+        if self.transfer is not None:
+            self.transfer.close()
         self.server.close()  # closes the node and the engine too
+        if self.identity is not None:
+            self.identity.close()
         with self._lock:
             for prefix in self.published:
                 self.spool.withdraw(prefix)
@@ -334,11 +402,15 @@ def serve(
     background_blocks: int = 1,
     port: int = INSTANCE_PORT,
     ready: Path | None = None,
+    kv_scale: int = KV_SCALE,
+    tiers: tuple[TierSpec, ...] = LAB_TIERS,
+    warm: bool = True,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
-    the site's demo conversation first. Background: `background_blocks` random blocks per
-    instance every `interval` seconds (0: none)."""
+    the site's demo conversation first (unless `warm` is off). Background:
+    `background_blocks` random blocks per instance every `interval` seconds (0: none)."""
     instances: list[ServedInstance] = []
+    trust = security.TrustStore.from_json(lab_trust(topology, int(time.time() * 1000)))
     try:
         for spec in topology.nodes[node].instances:
             instances.append(
@@ -350,11 +422,14 @@ def serve(
                     time_scale=time_scale,
                     min_interval_ms=int(interval * 1000),
                     max_message=max_message,
+                    trust=trust,
+                    kv_scale=kv_scale,
+                    tiers=tiers,
                 )
             )
         warmers = [
             threading.Thread(target=inst.warm, args=(demo_prompt(inst.spec.site_id),))
-            for inst in instances[:1]
+            for inst in instances[: 1 if warm else 0]
         ]
         for w in warmers:
             w.start()
@@ -391,7 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=1.0, help="model s per wall s")
     p.add_argument("--background-blocks", type=int, default=1)
     p.add_argument("--ready", help="file written with the instances' URLs once serving")
+    p.add_argument(
+        "--kv-scale", type=int, default=KV_SCALE, help="KV bytes per block: the model's ÷ this"
+    )
+    p.add_argument(
+        "--tiers", help="TIER:BLOCKS[,TIER:BLOCKS] cache capacities (default hbm:256,dram:2048)"
+    )
+    p.add_argument("--no-warm", action="store_true", help="no demo conversation at start")
     args = p.parse_args(argv)
+    if args.kv_scale < 1:
+        p.error("--kv-scale must be >= 1")
     topology = load(args.topology)
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
@@ -410,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             background_blocks=args.background_blocks,
             port=args.port,
             ready=Path(args.ready) if args.ready else None,
+            kv_scale=args.kv_scale,
+            tiers=lab_tiers(args.tiers) if args.tiers else LAB_TIERS,
+            warm=not args.no_warm,
         )
         return 0
     instances = [
