@@ -9,11 +9,12 @@ instance's lab key and written to the egress's spool (`ServedInstance`). The fir
 instance of each site computes that site's demo conversation at start, so its cache
 really holds it; `--background-blocks` keeps a trickle of random prompts flowing so
 caches and load move. Each served instance also stores a synthetic KV payload per cached
-block — the model's 64 MiB per block scaled down by `--kv-scale` (default 256: 256 KiB),
-and it advertises that scaled size, so the selector prices the bytes that really cross
-the lab's links — and serves pulls of them over mutually authenticated TLS 1.3 on its own
-address, port `TRANSFER_PORT`, with a transfer certificate made from its lab node key and
-checked against the lab's trust store (`lab_trust`, the same one the receivers use).
+block (`--payload-bytes`, default 256 KiB: the model's 64 MiB scaled down 256 times) and
+serves pulls of them over mutually authenticated TLS 1.3 on its own address, port
+`TRANSFER_PORT`, with a transfer certificate made from its lab node key and checked
+against the lab's trust store (`lab_trust`, the same one the receivers use). It
+advertises the model's real 64 MiB per block unless `--kv-bytes` says otherwise (a lab
+that wants the selector to price exactly the bytes that cross its links sets both equal).
 
 Without `--serve` (the loopback mode, some tests) the stand-in below publishes
 drifting random keys instead:
@@ -70,7 +71,7 @@ INSTANCE_PORT = 8100  # every served instance's HTTP port, on its own address
 LAB_SHAPE = ModelShape(32, 8, 128, 2, BLOCK_TOKENS)
 LAB_TIERS = (TierSpec(Tier.HBM, 256, 5, 1_600_000), TierSpec(Tier.DRAM, 2_048, 30, 400_000))
 LAB_PREFILL_TPS = 8_000.0
-KV_SCALE = 256  # lab payloads and advertised block size: the model's KV ÷ this
+PAYLOAD_BYTES = LAB_SHAPE.bytes_per_block // 256  # stored per block: 256 KiB
 
 
 def demo_prompt(site_id: int, blocks: int = DEMO_PROMPT_BLOCKS) -> list[int]:
@@ -261,7 +262,8 @@ class ServedInstance:
         min_interval_ms: int = 1_000,
         max_message: int = 4096,
         trust: security.TrustStore | None = None,
-        kv_scale: int = KV_SCALE,
+        kv_bytes: int = LAB_SHAPE.bytes_per_block,
+        payload_bytes: int = PAYLOAD_BYTES,
         transfer_port: int = TRANSFER_PORT,
         tiers: tuple[TierSpec, ...] = LAB_TIERS,
     ) -> None:
@@ -285,7 +287,6 @@ class ServedInstance:
         self._lock = threading.Lock()
         host = host or str(spec.address)
         keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
-        bytes_per_block = max(1, LAB_SHAPE.bytes_per_block // kv_scale)
         self.identity = TransferIdentity(signer) if trust is not None else None
         puller = (
             KvPuller(self.identity, trust, source_address=host)
@@ -298,7 +299,7 @@ class ServedInstance:
                 prefill_rate_tps=prefill_tps,
                 time_scale=time_scale,
                 tiers=tiers,
-                payload_bytes=bytes_per_block if trust is not None else 0,
+                payload_bytes=payload_bytes if trust is not None else 0,
             ),
             keyer=keyer,
             puller=puller,
@@ -311,7 +312,7 @@ class ServedInstance:
                     address=str(spec.address),
                     model_id=MODEL,
                     block_size=BLOCK_TOKENS,
-                    bytes_per_block=bytes_per_block,
+                    bytes_per_block=kv_bytes,
                     site_id=spec.site_id,
                     max_message_bytes=max_message,
                     as_path_hops=PATH_MARGIN_HOPS,
@@ -402,7 +403,8 @@ def serve(
     background_blocks: int = 1,
     port: int = INSTANCE_PORT,
     ready: Path | None = None,
-    kv_scale: int = KV_SCALE,
+    kv_bytes: int = LAB_SHAPE.bytes_per_block,
+    payload_bytes: int = PAYLOAD_BYTES,
     tiers: tuple[TierSpec, ...] = LAB_TIERS,
     warm: bool = True,
 ) -> None:
@@ -423,7 +425,8 @@ def serve(
                     min_interval_ms=int(interval * 1000),
                     max_message=max_message,
                     trust=trust,
-                    kv_scale=kv_scale,
+                    kv_bytes=kv_bytes,
+                    payload_bytes=payload_bytes,
                     tiers=tiers,
                 )
             )
@@ -467,15 +470,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--background-blocks", type=int, default=1)
     p.add_argument("--ready", help="file written with the instances' URLs once serving")
     p.add_argument(
-        "--kv-scale", type=int, default=KV_SCALE, help="KV bytes per block: the model's ÷ this"
+        "--kv-bytes", type=int, default=LAB_SHAPE.bytes_per_block, help="advertised per block"
+    )
+    p.add_argument(
+        "--payload-bytes", type=int, default=PAYLOAD_BYTES, help="synthetic KV stored per block"
     )
     p.add_argument(
         "--tiers", help="TIER:BLOCKS[,TIER:BLOCKS] cache capacities (default hbm:256,dram:2048)"
     )
     p.add_argument("--no-warm", action="store_true", help="no demo conversation at start")
     args = p.parse_args(argv)
-    if args.kv_scale < 1:
-        p.error("--kv-scale must be >= 1")
+    if args.kv_bytes < 1 or args.payload_bytes < 1:
+        p.error("--kv-bytes and --payload-bytes must be >= 1")
     topology = load(args.topology)
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
@@ -494,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             background_blocks=args.background_blocks,
             port=args.port,
             ready=Path(args.ready) if args.ready else None,
-            kv_scale=args.kv_scale,
+            kv_bytes=args.kv_bytes,
+            payload_bytes=args.payload_bytes,
             tiers=lab_tiers(args.tiers) if args.tiers else LAB_TIERS,
             warm=not args.no_warm,
         )

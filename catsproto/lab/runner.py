@@ -278,6 +278,7 @@ def up(
     tag: str | None = None,
     feed: bool = False,
     feed_interval: float = 2.0,
+    instance_args: tuple[str, ...] = (),
 ) -> Lab:
     """Build the lab and start its daemons; on any failure tear down what exists."""
     topology = load(topology_path)
@@ -302,17 +303,18 @@ def up(
         for node in order:
             STARTERS[node.role](lab, node.name)
         if feed:
-            start_feeders(lab, feed_interval)
+            start_feeders(lab, feed_interval, instance_args)
     except BaseException:
         handle.teardown()
         raise
     return lab
 
 
-def start_feeders(lab: Lab, interval: float) -> None:
+def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()) -> None:
     """One modelled-instance process per egress with instances, writing its spool; the
     receivers trust the instances' (deterministic, lab-only) keys. In namespaces they
-    are real modelled instances serving HTTP, and the ingress runs the steering API."""
+    are real modelled instances serving HTTP, and the ingress runs the steering API.
+    `instance_args` go to every served instance process (`catsproto.lab.instances`)."""
     from catsproto.lab.instances import write_lab_trust
 
     for name, node in lab.topology.nodes.items():
@@ -338,7 +340,7 @@ def start_feeders(lab: Lab, interval: float) -> None:
                 "65535" if node.extended_message else "4096",
             ]
             if lab.handle.namespaced:  # real instances on their own addresses
-                argv.append("--serve")
+                argv += ["--serve", *instance_args]
             lab.handle.start(name, "instances", argv)
     if lab.handle.namespaced and lab.hosts:
         from catsproto.lab.flows import start_steering
