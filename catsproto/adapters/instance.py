@@ -673,6 +673,7 @@ class InstanceServer(BackgroundHTTPServer):
         self.engine = engine
         self.node = node
         super().__init__(_handler(self), host, port)
+        self.httpd.socket.listen(256)  # bursts from a steering proxy; the stdlib's is 5
 
     def close(self) -> None:
         super().close()

@@ -83,6 +83,7 @@ from catsproto.transfer import Outcome, StaleHitLedger
 
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
+LISTEN_BACKLOG = 256
 
 
 class SteeringError(ValueError):
@@ -502,6 +503,9 @@ class SteeringServer(BackgroundHTTPServer):
     def __init__(self, service: SteeringService, host: str = "127.0.0.1", port: int = 0):
         self.service = service
         super().__init__(_handler(service), host, port)
+        # a trace's burst of simultaneous requests must not overflow the stdlib's
+        # listen backlog of 5 (Linux takes a second listen() as a new backlog)
+        self.httpd.socket.listen(LISTEN_BACKLOG)
 
 
 def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:

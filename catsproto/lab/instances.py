@@ -31,6 +31,7 @@ publishes their routes into the egress's spool.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -49,6 +50,7 @@ from catsproto.keys import BlockKeyer
 from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.node import (
     BuilderConfig,
+    ComputeState,
     DampeningPolicy,
     ModelShape,
     RouteAdvertisement,
@@ -266,6 +268,7 @@ class ServedInstance:
         payload_bytes: int = PAYLOAD_BYTES,
         transfer_port: int = TRANSFER_PORT,
         tiers: tuple[TierSpec, ...] = LAB_TIERS,
+        change_threshold: float = 0.05,
     ) -> None:
         from catsproto.adapters.instance import (
             EngineConfig,
@@ -322,7 +325,10 @@ class ServedInstance:
                     # route) must stand alone for the selectors that read it
                     snapshot_every=1,
                     dampening=DampeningPolicy(
-                        min_interval_ms, max(min_interval_ms, 10_000), wait_threshold_ms=50.0
+                        min_interval_ms,
+                        max(min_interval_ms, 10_000),
+                        change_threshold=change_threshold,
+                        wait_threshold_ms=50.0,
                     ),
                 ),
                 tiers,
@@ -332,7 +338,7 @@ class ServedInstance:
                         0, self.engine.publisher.endpoint, self.engine.publisher.replay_endpoint
                     )
                 ],
-                self.engine.compute_state,
+                self._compute_state,
                 on_routes=self._publish,
                 hits=self.engine.hits,
             )
@@ -353,6 +359,16 @@ class ServedInstance:
             if self.identity is not None:
                 self.identity.close()
             raise
+
+    def _compute_state(self) -> ComputeState:
+        """The engine's load, its prefill rate in wall-clock tokens per second (the
+        engine's model rate × its time scale), so the selector's queue and prefill
+        estimates share the network's clock."""
+        state = self.engine.compute_state()
+        scale = self.engine.config.time_scale
+        if scale == 1.0:
+            return state
+        return dataclasses.replace(state, prefill_rate_tps=state.prefill_rate_tps * scale)
 
     def _publish(self, routes: list[RouteAdvertisement]) -> None:
         with self._lock:
@@ -407,6 +423,7 @@ def serve(
     payload_bytes: int = PAYLOAD_BYTES,
     tiers: tuple[TierSpec, ...] = LAB_TIERS,
     warm: bool = True,
+    change_threshold: float = 0.05,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
     the site's demo conversation first (unless `warm` is off). Background:
@@ -428,6 +445,7 @@ def serve(
                     kv_bytes=kv_bytes,
                     payload_bytes=payload_bytes,
                     tiers=tiers,
+                    change_threshold=change_threshold,
                 )
             )
         warmers = [
@@ -479,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tiers", help="TIER:BLOCKS[,TIER:BLOCKS] cache capacities (default hbm:256,dram:2048)"
     )
     p.add_argument("--no-warm", action="store_true", help="no demo conversation at start")
+    p.add_argument(
+        "--change-threshold",
+        type=float,
+        default=0.05,
+        help="fraction of advertised keys changed that is worth an early update (0: any)",
+    )
     args = p.parse_args(argv)
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
@@ -504,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             payload_bytes=args.payload_bytes,
             tiers=lab_tiers(args.tiers) if args.tiers else LAB_TIERS,
             warm=not args.no_warm,
+            change_threshold=args.change_threshold,
         )
         return 0
     instances = [
