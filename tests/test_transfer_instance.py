@@ -158,6 +158,14 @@ def test_a_partly_evicted_prefix_is_pulled_up_to_the_gap_and_counted_stale(
     assert reply["stale"] is True and reply["stale_cause"] == "holder"
     stale = b.engine.state()["stale_hits"]
     assert stale["stale_hits"] == 1 and stale["stale_blocks"] == 3
+    assert a.engine.state()["served_missing"] == {"evicted": 0, "not-held": 1}
+    # evicted at the holder: 48 other blocks push the 5 out of its 48-block cache
+    a.engine.submit({"prompt_token_ids": prompt(11, 48)}, timeout=10)
+    again = b.engine.submit(
+        {"prompt_token_ids": prompt(4, 9), "kv_source": b_source_json(a)}, timeout=10
+    )
+    assert again["transfer"]["blocks"] == 0
+    assert a.engine.state()["served_missing"] == {"evicted": 1, "not-held": 1}
 
 
 def test_wrong_or_untrusted_holder_is_refused_and_nothing_is_admitted(

@@ -249,8 +249,12 @@ class ModelledEngine:
         """block key -> payload, for every cached block (when payload_bytes > 0)."""
         self._key_of: dict[int, int] = {}  # engine hash -> block key, cached blocks only
         self._evicted: OrderedDict[int, float] = OrderedDict()  # hash -> when it left
+        self._evicted_keys: OrderedDict[int, None] = OrderedDict()  # the same, by block key
         self.ledger = StaleHitLedger()
         self.transfers = {"pulls": 0, "failed": 0, "blocks": 0, "bytes": 0, "resumed": 0}
+        # pulls served from here that stopped at a block this cache had evicted, or had
+        # never held (the puller's summary view had a false positive)
+        self.served_missing = {"evicted": 0, "not-held": 0}
         self.publisher = VllmEventPublisher(
             config.pub_endpoint, config.replay_endpoint, context=context
         )
@@ -310,8 +314,13 @@ class ModelledEngine:
         return keys
 
     def lookup_payload(self, key: int) -> StoredBlock | None:
-        """The payload of a cached block by its advertised key (the transfer holder's view)."""
-        return self.payloads.get(key)
+        """The payload of a cached block by its advertised key (the transfer holder's view);
+        a miss is counted as evicted or never held."""
+        block = self.payloads.get(key)
+        if block is None:
+            with self._lock:
+                self.served_missing["evicted" if key in self._evicted_keys else "not-held"] += 1
+        return block
 
     def submit(self, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """Queue a request (after pulling its prefix, if told to) and wait for its prefill."""
@@ -389,10 +398,13 @@ class ModelledEngine:
                     key = self._key_of.pop(h, None)
                     if key is not None:
                         self.payloads.pop(key, None)
+                        self._evicted_keys[key] = None
+                        self._evicted_keys.move_to_end(key)
                     self._evicted[h] = now
                     self._evicted.move_to_end(h)
-                while len(self._evicted) > _EVICTED_MEMORY:
-                    self._evicted.popitem(last=False)
+                for memory in (self._evicted, self._evicted_keys):
+                    while len(memory) > _EVICTED_MEMORY:
+                        memory.popitem(last=False)
 
     def _outcome(self, job: _Job, found: int) -> dict[str, Any]:
         """The stale-hit bookkeeping of one request (lock held)."""
@@ -532,6 +544,7 @@ class ModelledEngine:
                 "payload_blocks": len(self.payloads),
                 "stale_hits": self.ledger.to_json(),
                 "transfers": dict(self.transfers),
+                "served_missing": dict(self.served_missing),
             }
 
     def close(self) -> None:
