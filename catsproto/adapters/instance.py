@@ -34,8 +34,11 @@ run into its cache (so the C-SMA advertises it next) and prefills only the rest.
 off midway is resumed once from the last verified block; one that fails admits nothing.
 ``"expected_cached_blocks"`` is what the selector claimed; an instance that finds fewer
 counts a *stale hit* (`transfer.StaleHitLedger`) and says whether the first missing block
-was evicted since (``stale_cause: evicted``) or never held here (``not-held``: a summary's
-false positive), or was missing at the holder (``holder``).
+was evicted after its latest advertisement (``stale_cause: evicted``), evicted before it
+(``evicted-advertised``: the news was on its way, or a false positive on a block once
+held), never held here (``not-held``: a summary's false positive), or was missing at the
+holder (``holder``). A pull asks for the run the source claims (``expected_blocks``),
+or for the whole prompt when no claim is given.
 """
 
 from __future__ import annotations
@@ -255,6 +258,8 @@ class ModelledEngine:
         # pulls served from here that stopped at a block this cache had evicted, or had
         # never held (the puller's summary view had a false positive)
         self.served_missing = {"evicted": 0, "not-held": 0}
+        self.last_advertised = float("-inf")
+        """time.monotonic() of the C-SMA's latest advertisement (set by whoever sends it)."""
         self.publisher = VllmEventPublisher(
             config.pub_endpoint, config.replay_endpoint, context=context
         )
@@ -336,7 +341,9 @@ class ModelledEngine:
             job.keys = self.block_keys(blocks)
         if source is not None and job.keys:
             job.source = f"{source.host}:{source.port}"
-            job.pulled, job.transfer = self._pull(source, job.keys)
+            # the run the source claims (what the selector priced), else the whole prompt
+            want = job.keys[: source.expected_blocks] if source.expected_blocks else job.keys
+            job.pulled, job.transfer = self._pull(source, want)
             if expected is None:
                 job.expected = source.expected_blocks
         with self._lock:
@@ -422,7 +429,12 @@ class ModelledEngine:
             else:
                 h = job.blocks[found][0]
                 when = self._evicted.get(h)
-                cause = "evicted" if when is not None else "not-held"
+                if when is None:
+                    cause = "not-held"
+                elif when > self.last_advertised:
+                    cause = "evicted"  # after the latest advertisement: nobody knew yet
+                else:  # advertised since: the news was on its way, or a false positive
+                    cause = "evicted-advertised"
                 gone_ms = None if when is None else round(1000 * (time.monotonic() - when), 3)
         return {
             "expected_blocks": expected,

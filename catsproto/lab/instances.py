@@ -371,6 +371,7 @@ class ServedInstance:
         return dataclasses.replace(state, prefill_rate_tps=state.prefill_rate_tps * scale)
 
     def _publish(self, routes: list[RouteAdvertisement]) -> None:
+        self.engine.last_advertised = time.monotonic()
         with self._lock:
             for r in routes:
                 adv = security.sign(r.advertisement, self.signer, r.prefix)
