@@ -129,6 +129,7 @@ def summarise(records: list[dict[str, Any]], first: int = 0) -> dict[str, Any]:
         causes[r["cause"]] = causes.get(r["cause"], 0) + 1
     ages = [r["evicted_ms_ago"] for r in stale if str(r["cause"]).startswith("evicted")]
     pulls = [r for r in ok if r["kv_source"]]
+    long_claims = [r for r in ok if r["expected"] > 2]  # past the prefix every prompt shares
     return {
         "decisions": len(ok),
         "claimed_a_hit": len(claims),
@@ -139,6 +140,8 @@ def summarise(records: list[dict[str, Any]], first: int = 0) -> dict[str, Any]:
         "evicted_stale_per_decision": (
             round(causes.get("evicted", 0) / len(ok), 5) if ok else None
         ),
+        "claims_over_2_blocks": len(long_claims),
+        "stale_among_them": sum(1 for r in long_claims if r["stale"]),
         "claimed_blocks": sum(r["expected"] for r in ok),
         "stale_blocks": sum(r["expected"] - min(r["expected"], r["cached"]) for r in ok),
         "block_hit_ratio": (
