@@ -1,15 +1,18 @@
 """A stale hit in the 4-site lab, with real daemons (root; under CI=true it always runs).
 
-The instances advertise at most every 3 s (the dampener's hard minimum interval) and have
+The instances advertise at most every 6 s (the dampener's hard minimum interval) and have
 small caches (16 HBM + 32 DRAM blocks). Right after site 3's first instance X has
-advertised its cached conversation, two 48-block prompts (queued one after the other,
-about 3 s of prefill each) push that conversation out of its cache. Until X's next
+advertised its cached conversation, three 48-block prompts (queued one after the other,
+about 3 s of prefill each) push that conversation out of its cache and keep it out. Until X's next
 advertisement the selector at e1 still believes it: the client's request for the
 conversation is steered to X expecting 24 cached blocks, X finds none, recomputes, and
 reports a stale hit caused by an eviction, which the steering API counts. X's next
 advertisement, at the end of the interval, reaches e1 through BGP and the selector stops
 claiming the conversation at X (read back from e1's event log: the recompute admits it
-again a few seconds later, and the advertisement after that claims it again).
+again a few seconds later, and the advertisement after that claims it again). The
+interval is long because everything the test does between the two advertisements
+(starting processes in namespaces, the client, the API) must fit in it on a loaded
+machine.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from catsproto.selector import RIB
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
-INTERVAL = 3.0
+INTERVAL = 6.0
 EVICTOR = (
     "import random, sys\n"
     "from catsproto.adapters.steering import post_json\n"
@@ -106,18 +109,16 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     lab.wait_for(lambda: _claimed_at_x(lab) == 24, 60, "site 3's conversation at e1")
     # catch X's next advertisement: the minimum interval then holds the one after back
     seq = _x_sequence(lab)
-    lab.wait_for(lambda: _x_sequence(lab) > seq, 3 * INTERVAL + 5, "X's next advertisement")
+    lab.wait_for(lambda: _x_sequence(lab) > seq, 2 * INTERVAL + 15, "X's next advertisement")
     heard, heard_wall = time.monotonic(), time.time()
     argv = [sys.executable, "-c", EVICTOR, f"http://{X}:8100"]
-    evictors = [lab.handle.start("e3", "evict", argv)]
+    evictors = [lab.handle.start("e3", f"evict{i}", argv) for i in range(3)]
 
-    def evicted(waiting: int) -> bool:
+    def evicted() -> bool:
         state = _json_in(lab, "e3", f"http://{X}:8100/state")["engine"]
-        return state["waiting"] == waiting and sum(state["blocks"].values()) == 48
+        return state["waiting"] >= 1 and sum(state["blocks"].values()) == 48
 
-    lab.wait_for(lambda: evicted(0), 5, "the conversation pushed out of X's cache")
-    evictors.append(lab.handle.start("e3", "evict2", argv))
-    lab.wait_for(lambda: evicted(1), 5, "a second prompt queued at X")
+    lab.wait_for(evicted, 10, "the conversation pushed out of X's cache, more queued")
     assert _claimed_at_x(lab) == 24  # the selector has not heard of it yet
     result = flows.run_client(
         lab, ["client", "--api", flows.api_url(lab), "--site", "3", "--repeat", "0", "--proxy"]
@@ -130,7 +131,13 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     # X found nothing of what the selector claimed, recomputed it all, and said why
     assert reply["expected_blocks"] == 24 and reply["cached_blocks"] == 0
     assert reply["prefill_tokens"] == 24 * 512
-    assert reply["stale"] is True and reply["stale_cause"] == "evicted"
+    assert reply["stale"] is True and reply["stale_cause"] == "evicted", (
+        reply,
+        _claims_since(lab, heard_wall),
+        heard_wall,
+        _json_in(lab, "e3", f"http://{X}:8100/state")["engine"]["last_advertised_s_ago"],
+        time.monotonic() - heard,
+    )
     assert 0 <= reply["evicted_ms_ago"] < 1000 * (answered + 1)
     api = flows.api_url(lab)
     stale = _json_in(lab, "client", api + "/stale")

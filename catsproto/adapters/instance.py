@@ -33,12 +33,13 @@ authenticated TLS (`KvPuller`; the holder must be exactly ``key_id``), admits th
 run into its cache (so the C-SMA advertises it next) and prefills only the rest. A pull cut
 off midway is resumed once from the last verified block; one that fails admits nothing.
 ``"expected_cached_blocks"`` is what the selector claimed; an instance that finds fewer
-counts a *stale hit* (`transfer.StaleHitLedger`) and says whether the first missing block
-was evicted after its latest advertisement (``stale_cause: evicted``), evicted before it
-(``evicted-advertised``: the news was on its way, or a false positive on a block once
-held), never held here (``not-held``: a summary's false positive), or was missing at the
-holder (``holder``). A pull asks for the run the source claims (``expected_blocks``),
-or for the whole prompt when no claim is given.
+when the request arrives (blocks evicted while it waits in the queue are reported apart,
+``lost_while_queued``) counts a *stale hit* (`transfer.StaleHitLedger`) and says whether
+the first missing block was evicted after its latest advertisement (``stale_cause:
+evicted``), evicted before it (``evicted-advertised``: the news was on its way, or a
+false positive on a block once held), never held here (``not-held``: a summary's false
+positive), or was missing at the holder (``holder``). A pull asks for the run the source
+claims (``expected_blocks``), or for the whole prompt when no claim is given.
 """
 
 from __future__ import annotations
@@ -228,6 +229,8 @@ class _Job:
     transfer: dict[str, Any] | None = None
     expected: int | None = None  # blocks the selector claimed were cached (or at the source)
     source: str = "local"
+    found: int = 0  # leading blocks here (or pulled) when the request arrived
+    outcome: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelledEngine:
@@ -348,6 +351,10 @@ class ModelledEngine:
                 job.expected = source.expected_blocks
         with self._lock:
             job.arrived = time.monotonic()
+            # judged on arrival, like the selector's claim: blocks that leave while the
+            # request waits in the queue are the queue's doing, counted apart
+            job.found = max(len(job.pulled), self.cache.lookup([b[0] for b in blocks]).depth)
+            job.outcome = self._outcome(job, job.found)
             self.waiting += 1
             self.outstanding_tokens += length
         self._queue.put(job)
@@ -465,7 +472,6 @@ class ModelledEngine:
                 hit, more = self.cache.admit(hashes)
                 self._track_payloads(more, job)
                 events += more
-                outcome = self._outcome(job, hit.depth)
                 cached = min(job.input_length, hit.depth * bs)
                 computed = job.input_length - cached
                 self.outstanding_tokens -= cached
@@ -489,8 +495,10 @@ class ModelledEngine:
                 "prefill_tokens": computed,
                 "model_prefill_ms": round(1000 * prefill_s, 3),
                 "queue_wall_ms": round(1000 * (start - job.arrived), 3),
-                **outcome,
+                **job.outcome,
             }
+            if job.found > hit.depth:
+                job.result["lost_while_queued"] = job.found - hit.depth
             if job.transfer is not None:
                 job.result["transfer"] = job.transfer
             job.done.set()
@@ -557,6 +565,7 @@ class ModelledEngine:
                 "stale_hits": self.ledger.to_json(),
                 "transfers": dict(self.transfers),
                 "served_missing": dict(self.served_missing),
+                "last_advertised_s_ago": round(time.monotonic() - self.last_advertised, 3),
             }
 
     def close(self) -> None:
