@@ -449,8 +449,8 @@ class SteeringService:
             raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
         if isinstance(reply, dict) and "expected_blocks" in reply:
             with self._lock:
-                expected = int(reply["expected_blocks"])
-                found = min(expected, int(reply.get("cached_blocks", 0)))
+                expected = int(reply["expected_blocks"])  # the instance's verdict decides
+                found = min(expected, int(reply["cached_blocks"])) if reply["stale"] else expected
                 source = "remote" if steering["kv_pull"] else "local"
                 self.ledger.record(Outcome(expected, found, int(reply.get("blocks", 0))), source)
         return {"steering": steering, "reply": reply, "proxy_ttft_ms": round(ttft_ms, 3)}
