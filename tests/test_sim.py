@@ -14,6 +14,8 @@ TTFT = RTT + wait + (input − 4 × cached blocks) ms. Worked out in each test.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,7 @@ from catsproto.sim import (
     apply_overrides,
     run_policy,
 )
+from catsproto.sim.hierarchy import HierarchicalPolicy, replay
 from catsproto.wire import Tier
 
 TRACE_FILE = str(find_trace())
@@ -232,3 +235,56 @@ def test_scenario_overrides_and_errors():
     big = Scenario.from_mapping(load_scenario("llama70b"))
     assert big.bytes_per_block == 80 * 8 * 128 * 2 * 2 * 512
     assert [t.tier.name for t in big.tiers] == ["HBM", "DRAM"]
+
+
+def test_replay_drains_the_sent_work_fcfs():
+    # 100 tokens advertised at t=0, 1 token/ms: at 50 ms 50 are left, +30 sent -> 80;
+    # at 200 ms those are done (80 - 150 < 0), +20 sent -> 20; at 210 ms 10 are left
+    sent = deque([(50, 30.0), (200, 20.0)])
+    assert replay(100.0, 0.0, sent, 1000.0, 210.0) == pytest.approx(10.0)
+    assert replay(100.0, 0.0, deque(), 1000.0, 30.0) == pytest.approx(70.0)
+    assert replay(0.0, 0.0, sent, 1000.0, 500.0) == 0.0
+
+
+def test_catsproto_site_dispatch_by_hand():
+    # The ingress C-PS picks the site, the site's own C-PS the instance, and work sent
+    # since an advertisement drains at the advertised rate (dead reckoning).
+    # r0 t=0: nothing heard yet -> fallback (nearest): A1, 9
+    # r1 t=5: ingress A heard A1 A2 (at 2 ms; B's arrive at 5 + 2 hops = 7 ms): tie at
+    #   9 -> A1, site A; A's C-PS: A1 and A2 tie -> A1: real wait 3, real hit 2 -> 4
+    # r2 t=10: ingress B: B1 13 beats A's 10 + 12 -> site B; B's C-PS: B1 -> 13
+    # r3 t=20: A's C-PS sent A1 8 tokens at t=5 on an empty queue: done by t=13, so A1's
+    #   queue is 0 (the flat selector still counts 8 ms there and picks A2): A1 1+0+10
+    #   = 11 ties A2 -> A1, which really holds (0, 2): 1 + 0 + 2 = 3. The oracle's run.
+    sc = mini(site_dispatch=True)
+    inst, hits, ttft, r = outcome("catsproto", sc)
+    assert inst == [0, 0, 2, 0]
+    assert hits == [0, 2, 0, 2]
+    assert ttft == pytest.approx([9, 4, 13, 3])
+    assert r.fallbacks == 1
+    assert r.control["refused"] == {}
+    assert r.unadvertised_blocks == 4  # r1's and r3's cached blocks were not advertised yet
+
+
+def test_site_dispatch_every_decision_at_the_instances_site():
+    sc = Scenario.from_mapping(apply_overrides(load_scenario("s1"), ["site_dispatch=true"]))
+    tr = prepared(sc, read_trace(TRACE_FILE, limit=300))
+    cluster = Cluster(sc)
+    policy = HierarchicalPolicy(cluster, tr, 0)
+    served = [0] * len(sc.sites)
+    for r in range(len(tr)):
+        t = int(tr.arrival_ms[r])
+        policy.advance(t)
+        choice = policy.choose(r, t)
+        req = tr.requests[r]
+        cluster.serve(choice.instance, t, int(tr.ingress[r]), req.input_length, tr.key_lists[r])
+        if not choice.fallback:
+            served[sc.site_of(choice.instance)] += 1
+    control = policy.control
+    for s, local in enumerate(control.local_selectors):
+        table = control.local_ribs[s].services[1]
+        assert {i.site_id for i in table.live()} == {s + 1}  # its own instances only
+        assert local._draws == 0  # no power-of-two draws at the site: it sees all its work
+    # every request served at a site was placed by that site's own C-PS
+    assert policy.site_decisions == served
+    assert policy.handovers > 0 and sum(served) > 250

@@ -293,6 +293,11 @@ class ControlPlane:
             self.ribs[x].accept(verdict.advertisement, at)
             if snapshot is not None:
                 self.views[x][i] = snapshot
+            self._accepted(x, i, verdict.advertisement, at)
+
+    def _accepted(self, x: int, i: int, adv: wire.Advertisement, at: int) -> None:
+        """Hook: selector x accepted instance i's advertisement at `at` (a site's own
+        C-PS in `sim.hierarchy` merges its instances' routes here as well)."""
 
     def _check(self, x: int, value: bytes, prefix: object, at: int) -> Verdict:
         """`Receiver.check` of selector x. Every selector receives an origin's routes in

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catsproto.sim.cluster import Cluster
+from catsproto.sim.hierarchy import HierarchicalPolicy
 from catsproto.sim.policies import CatsprotoPolicy, make_policy
 from catsproto.sim.scenario import Scenario
 from catsproto.sim.trace import PreparedTrace
@@ -109,7 +110,9 @@ def run_policy(
     """Simulate one policy over the whole prepared trace (arrival times already scaled
     by `scenario.speedup`). `exact`: catsproto's builders send exact summaries."""
     cluster = Cluster(scenario)
-    if name == "catsproto":
+    if name == "catsproto" and scenario.site_dispatch and scenario.selector_site is None:
+        policy = HierarchicalPolicy(cluster, trace, seed, exact=exact)
+    elif name == "catsproto":
         policy = CatsprotoPolicy(cluster, trace, seed, exact=exact)
     else:
         policy = make_policy(name, cluster, trace, seed)
@@ -204,7 +207,7 @@ def _classify(
     acc: dict[str, object],
 ) -> None:
     if claimed > actual:
-        view = policy.control.views[policy.control.selector_of[ingress]][i]
+        view = policy.view(ingress, i)
         bucket = "stale" if keys[actual] in view else "fp"
         counts = acc[bucket]
         assert isinstance(counts, list)

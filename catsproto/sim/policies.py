@@ -172,6 +172,10 @@ class CatsprotoPolicy(Policy):
     def advance(self, t: int) -> None:
         self.control.advance(t)
 
+    def view(self, ingress: int, instance: int) -> frozenset[int]:
+        """The keys the deciding C-PS's summaries of `instance` were built from."""
+        return self.control.views[self.control.selector_of[ingress]][instance]
+
     def choose(self, r: int, t: int) -> Choice:
         x = int(self.trace.ingress[r])
         req = self.trace.requests[r]

@@ -74,6 +74,7 @@ class Scenario:
     request_bytes_per_token: float  # upload term of the selector; 0 leaves it out
     selector_spread_ms: float  # selector's near-equal margin (power of two choices); 0: off
     selector_peers: bool  # each C-PS counts its own recent decisions once per C-PS
+    site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
     seed: int
     secret: bytes
     model_id: str
@@ -135,6 +136,7 @@ class Scenario:
                 request_bytes_per_token=float(d.get("request_bytes_per_token", 0.0)),
                 selector_spread_ms=float(d.get("selector_spread_ms", 0.0)),
                 selector_peers=bool(d.get("selector_peers", False)),
+                site_dispatch=bool(d.get("site_dispatch", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -223,6 +225,7 @@ class Scenario:
             "request_bytes_per_token": self.request_bytes_per_token,
             "selector_spread_ms": self.selector_spread_ms,
             "selector_peers": self.selector_peers,
+            "site_dispatch": self.site_dispatch,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -335,6 +338,9 @@ _OPTIONAL = {
     "max_message_bytes",
     "hot_prefixes",
     "request_bytes_per_token",
+    "selector_spread_ms",
+    "selector_peers",
+    "site_dispatch",
     "seed",
     "secret",
     "model_id",

@@ -1,0 +1,211 @@
+"""A two-level decision: the ingress's C-PS picks the site, the site's own C-PS the instance.
+
+Strategy. In a CATS deployment with a forwarder at each site's egress, a request the
+ingress steers to site S passes S's egress, where S's own C-PS sits one LAN hop from
+S's instances. So the ingress only needs to choose the *site*; the instance is chosen
+where the state is freshest and where every request for that site passes. Here:
+
+- the ingress's C-PS decides as the flat ``catsproto`` does (`PathSelector.decide` on
+  every instance's advertised state, delayed across the WAN) and keeps only the site of
+  its winner;
+- site S's C-PS holds a RIB of S's instances only, fed by the same signed routes
+  (verified once per C-PS box; they arrive after the intra-site delay, 1.5 ms in S1),
+  and runs its own selector over it (`DeadReckoningSelector`). Being the only C-PS that
+  sends work to S's instances, its count of work sent since each advertisement is
+  complete, so four ingresses inside one millisecond's burst no longer pile onto one
+  instance: they can only pile onto one site, whose C-PS spreads the pile.
+
+`DeadReckoningSelector` is the selector with one change to its queue term: the work
+sent since an instance's advertisement is replayed as an FCFS queue drained at the
+advertised prefill rate (each decision's prefill queued behind what was left at its
+time), instead of being counted in full until the next advertisement. A decision made
+in the advertisement's own millisecond but after it was built still counts.
+
+The instance the engine sees is the site C-PS's choice; its claimed prefix is what that
+C-PS believed, so stale and false-positive accounting uses the site C-PS's view.
+Pure and deterministic, like the rest of `catsproto.sim`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from catsproto import wire
+from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
+from catsproto.selector.rib import ServiceTable
+from catsproto.selector.selector import Decision, _Pending
+from catsproto.sim.cluster import Cluster
+from catsproto.sim.control import CS_ID, ControlPlane
+from catsproto.sim.policies import CatsprotoPolicy, Choice
+from catsproto.sim.trace import PreparedTrace
+
+__all__ = ["DeadReckoningSelector", "HierarchicalControlPlane", "HierarchicalPolicy", "replay"]
+
+
+def replay(
+    backlog: float, at_ms: float, sent: deque[tuple[int, float]], tps: float, now_ms: float
+) -> float:
+    """Tokens still queued at `now_ms` at an instance that advertised `backlog` tokens at
+    `at_ms` and has since been sent `sent` = (time, prefill tokens), FCFS, draining at
+    `tps` tokens per second."""
+    q, cursor = backlog, at_ms
+    for when, tokens in sent:
+        q = max(0.0, q - (when - cursor) * tps / 1000) + tokens
+        cursor = when
+    return max(0.0, q - (now_ms - cursor) * tps / 1000)
+
+
+class DeadReckoningSelector(PathSelector):
+    """`PathSelector` whose pending work drains at the advertised rate (see the module)."""
+
+    _now_ms = 0
+
+    def decide(self, request: Request, now_ms: int) -> Decision:
+        self._now_ms = now_ms
+        return super().decide(request, now_ms)
+
+    def note(self, cs_id: int, address: object, now_ms: int, tokens: float) -> bool:
+        """Count work another decision-maker sent to `address` at `now_ms` (the site's
+        own C-PS tells the ingress selector in the same box). False: unknown address."""
+        table = self.rib.services.get(cs_id)
+        inst = table.by_address.get(address) if table is not None else None  # type: ignore[arg-type]
+        if inst is None:
+            return False
+        self._pending_for(table)
+        self._pending[cs_id].log[inst.slot].append((now_ms, tokens))
+        return True
+
+    def forget_last(self, cs_id: int, address: object) -> None:
+        """Undo the pending work the last decision for `address` recorded."""
+        table = self.rib.services[cs_id]
+        inst = table.by_address[address]  # type: ignore[index]
+        log = self._pending[cs_id].log[inst.slot]
+        if log:
+            log.pop()
+
+    def _pending_for(self, table: ServiceTable) -> np.ndarray:
+        n = len(table.alive)
+        pend = self._pending.get(table.cs_id)
+        if pend is None or len(pend.tokens) < n:
+            old = pend
+            pend = _Pending(
+                np.zeros(n), np.full(n, -1, dtype=np.int64), [deque() for _ in range(n)]
+            )
+            if old is not None:
+                m = len(old.tokens)
+                pend.seen_version[:m], pend.log[:m] = old.seen_version, old.log
+            self._pending[table.cs_id] = pend
+        changed = np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0]
+        for slot in changed.tolist():
+            log = pend.log[slot]
+            # an advertisement counts the work sent before it was built (strictly earlier)
+            while log and log[0][0] < table.metrics_ms[slot]:
+                log.popleft()
+            if not table.alive[slot]:
+                log.clear()
+            pend.seen_version[slot] = table.metrics_version[slot]
+        out = np.zeros(n)
+        now = self._now_ms
+        peers = self.config.peer_selectors
+        for slot, log in enumerate(pend.log[:n]):
+            if not log:
+                continue
+            tps = float(table.prefill_tps[slot])
+            backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
+            drained = max(0.0, backlog - max(0.0, now - at) * tps / 1000)
+            out[slot] = (replay(backlog, at, log, tps, now) - drained) / peers
+        pend.tokens = out  # decide() adds the new decision's tokens to this array
+        return out
+
+
+class HierarchicalControlPlane(ControlPlane):
+    """The flat control plane plus, at each site, a C-PS over that site's instances."""
+
+    def __init__(self, sc, cluster: Cluster, *, exact: bool = False) -> None:
+        if sc.selector_site is not None:
+            raise ValueError("site dispatch needs a C-PS at every ingress site")
+        super().__init__(sc, cluster, exact=exact)
+        self.selectors = [DeadReckoningSelector(x.rib, x.network, x.config) for x in self.selectors]
+        self.local_ribs = [RIB() for _ in sc.sites]
+        network = self.selectors[0].network
+        self.local_selectors = [
+            DeadReckoningSelector(
+                self.local_ribs[s],
+                network,
+                SelectorConfig(
+                    site_nodes={s + 1: name},
+                    request_bytes_per_token=sc.request_bytes_per_token,
+                    allow_remote_kv=False,
+                    default_block_size=sc.block_tokens,
+                    spread_ms=0.0,  # the only C-PS sending work here: no herd to break
+                    seed=sc.seed * 1000 + 500 + s,
+                ),
+            )
+            for s, name in enumerate(sc.sites)
+        ]
+
+    def _accepted(self, x: int, i: int, adv: wire.Advertisement, at: int) -> None:
+        if self.sc.site_of(i) == x:
+            self.local_ribs[x].accept(adv, at)
+
+
+class HierarchicalPolicy(CatsprotoPolicy):
+    """catsproto with a site C-PS choosing the instance (scenario ``site_dispatch``)."""
+
+    name = "catsproto"
+
+    def __init__(
+        self, cluster: Cluster, trace: PreparedTrace, seed: int, *, exact: bool = False
+    ) -> None:
+        super().__init__(cluster, trace, seed, exact=exact)
+        self.control = HierarchicalControlPlane(cluster.sc, cluster, exact=exact)
+        if len(trace):
+            self.control.start(int(trace.arrival_ms[0]))
+        self.handovers = 0  # decisions that left the ingress's own site
+        self.site_decisions = [0] * len(cluster.sc.sites)  # by the site's own C-PS
+
+    def choose(self, r: int, t: int) -> Choice:
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
+        x = int(self.trace.ingress[r])
+        req = self.trace.requests[r]
+        keys = self.trace.keys[r]
+        try:
+            request = Request(CS_ID, keys, req.input_length, self._nodes[x])
+            top = control.selectors[x].decide(request, t)
+        except NoInstanceError:
+            return self._fallback(x, t)
+        s = int(self.cluster.site[self._index[top.chosen.address]])
+        self.handovers += s != x
+        try:
+            d = control.local_selectors[s].decide(
+                Request(CS_ID, keys, req.input_length, self._nodes[s]), t
+            )
+        except NoInstanceError:
+            return self._fallback(s, t)
+        self.last_decision = d
+        self.site_decisions[s] += 1
+        chosen = d.chosen
+        tokens = chosen.prefill_ms / 1000 * self._tps(s, chosen.address)
+        box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
+        assert isinstance(box, DeadReckoningSelector)
+        if s == x:
+            box.forget_last(CS_ID, top.chosen.address)
+        box.note(CS_ID, chosen.address, t, tokens)
+        return Choice(self._index[chosen.address], None, chosen.cached_blocks)
+
+    def _tps(self, s: int, address: object) -> float:
+        table = self.control.local_ribs[s].services[CS_ID]
+        return float(table.prefill_tps[table.by_address[address].slot])  # type: ignore[index]
+
+    def _fallback(self, s: int, t: int) -> Choice:
+        self.fallbacks += 1
+        cl = self.cluster
+        here = np.nonzero(cl.site == s)[0]
+        return Choice(self._least(t, here, cl.waits(t)[here]), fallback=True)
+
+    def view(self, ingress: int, instance: int) -> frozenset[int]:
+        """What the deciding C-PS's summaries said about `instance` (its site's C-PS)."""
+        return self.control.views[self.cluster.sc.site_of(instance)][instance]
