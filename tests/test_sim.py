@@ -14,6 +14,8 @@ TTFT = RTT + wait + (input − 4 × cached blocks) ms. Worked out in each test.
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 from collections import deque
 
 import numpy as np
@@ -21,6 +23,14 @@ import pytest
 
 from catsproto.adapters.trace import find_trace, load_scenario, read_trace
 from catsproto.keys import BlockKeyer
+from catsproto.node import (
+    AdvertisementBuilder,
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
+    TieredCache,
+    TierSpec,
+)
 from catsproto.sim import (
     Cluster,
     PreparedTrace,
@@ -66,9 +76,9 @@ def prepared(sc: Scenario, requests=HAND) -> PreparedTrace:
     return PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
 
 
-def outcome(policy: str, sc: Scenario | None = None, **kw: object):
+def outcome(policy: str, sc: Scenario | None = None, requests=HAND, **kw: object):
     sc = sc or mini()
-    r = run_policy(policy, prepared(sc), sc, seed=3, **kw)
+    r = run_policy(policy, prepared(sc, requests), sc, seed=3, **kw)
     return r.instance.tolist(), r.hit_blocks.tolist(), r.ttft_ms.tolist(), r
 
 
@@ -288,3 +298,104 @@ def test_site_dispatch_every_decision_at_the_instances_site():
     # every request served at a site was placed by that site's own C-PS
     assert policy.site_decisions == served
     assert policy.handovers > 0 and sum(served) > 250
+
+
+# ingress = sites[hash_ids[3] mod 2], so two prompts can share three blocks and still
+# enter at different sites
+BURST = [
+    TraceRequest(0, 16, 1, (1, 2, 4, 5)),  # q0 ingress B
+    TraceRequest(2000, 100, 1, (11, 13, 15, 17)),  # q1 ingress B
+    TraceRequest(2000, 100, 1, (21, 23, 25, 27)),  # q2 ingress B
+    TraceRequest(2000, 16, 1, (1, 2, 4, 6)),  # q3 ingress A, q0's first three blocks
+]
+
+
+@pytest.mark.parametrize("bounce", [False, True])
+def test_site_bounce_by_hand(bounce):
+    # q0 t=0: nothing heard -> fallback at B: B1, 1+0+16 = 17; B1's summary of
+    #   (1, 2, 4, 5) leaves at the 1 s tick and reaches ingress A at 1007
+    # q1 t=2000: B1 B2 tie at 1+0+100 -> B1: 101 | q2: B's C-PS counts q1 on B1 -> B2: 101
+    # q3 t=2000 at ingress A, which cannot know of q1 q2: B1 holds 3 of its blocks,
+    #   10 + 0 + 4 = 14 beats A1's 1 + 0 + 16 = 17 -> site B. B's C-PS: B1 1+100+4 = 105,
+    #   i.e. 114 from A, worse than what A expected (14 + the 10 ms detour) and than A1
+    #   after the detour (17 + 10) -> handed back: A1, 1 + 10 + 0 + 16 = 27.
+    #   Without the bounce: B1, 10 + 100 + 4 = 114.
+    sc = mini(site_dispatch=True, site_bounce=bounce, ingress_index=3)
+    inst, hits, ttft, r = outcome("catsproto", sc, requests=BURST)
+    assert prepared(sc, BURST).ingress.tolist() == [1, 1, 1, 0]
+    if bounce:
+        assert inst == [2, 2, 3, 0]
+        assert hits == [0, 0, 0, 0]
+        assert ttft == pytest.approx([17, 101, 101, 27])
+        assert r.rtt_ms.tolist() == [1, 1, 1, 11]  # the detour is in the round trip
+    else:
+        assert inst == [2, 2, 3, 2]
+        assert hits == [0, 0, 0, 3]
+        assert ttft == pytest.approx([17, 101, 101, 114])
+
+
+STICK = [
+    TraceRequest(0, 16, 1, (1, 2, 4, 6)),  # ingress A
+    TraceRequest(2000, 20, 1, (31, 33, 35, 36)),  # ingress A
+    TraceRequest(2000, 16, 1, (1, 2, 4, 8)),  # ingress A, shares three blocks with the first
+]
+
+
+@pytest.mark.parametrize("margin", [0.0, 10.0])
+def test_site_sticky_by_hand(margin):
+    # r0 t=0: fallback A1 (17), advertised at the 1 s tick | r1 t=2000: A1 A2 tie at 21 ->
+    # A1, busy until 2020 | r2: A1 1 + 20 + (16 - 12) = 25, A2 1 + 0 + 16 = 17 -> A2;
+    # with a 10 ms margin A's C-PS keeps the prefix on its holder (25 <= 17 + 10): A1 25
+    sc = mini(site_dispatch=True, site_sticky_ms=margin, ingress_index=3)
+    inst, hits, ttft, _r = outcome("catsproto", sc, requests=STICK)
+    if margin:
+        assert inst == [0, 0, 0]
+        assert hits == [0, 0, 3]
+        assert ttft == pytest.approx([17, 21, 25])
+    else:
+        assert inst == [0, 0, 1]
+        assert hits == [0, 0, 0]
+        assert ttft == pytest.approx([17, 21, 17])
+
+
+def test_builder_summary_change_alone_sends_only_its_shards():
+    """`BuilderConfig.main_on_summary_change=False` (the eval's setting): a summary change
+    re-sends the changed shard, not the main route; a wait off the receivers' prediction
+    by the threshold brings the main route back."""
+    cache = TieredCache([TierSpec(Tier.HBM, 100, 0, 8_000_000)])
+    cache.admit(list(range(1, 41)))
+    damp = DampeningPolicy(1000, 30_000, 0.05, score_threshold=11, wait_threshold_ms=100)
+    cfg = BuilderConfig(
+        cs_id=1,
+        address="10.1.0.1",
+        model_id="m",
+        block_size=4,
+        bytes_per_block=0,
+        shard_range="10.255.0.0/24",
+        dampening=damp,
+        main_on_summary_change=False,
+    )
+    builder = AdvertisementBuilder(cfg, cache, epoch=1)
+    main = ipaddress.ip_network("10.1.0.1/32")
+    idle = ComputeState(prefill_rate_tps=1000.0)
+    first = builder.poll(0, idle)
+    assert first[0].prefix == main and len(first) == 2  # initial: main and the HBM shard
+    cache.admit(list(range(100, 110)))  # 10 of 40 keys changed: over 5 %
+    changed = builder.poll(1000, idle)
+    assert [r.prefix for r in changed] == [first[1].prefix]  # the shard alone
+    assert changed[0].advertisement.cache_summaries is not None
+    # 200 tokens at 1,000 tokens/s: 200 ms of wait where receivers predict 0
+    busy = ComputeState(outstanding_prefill_tokens=200, prefill_rate_tps=1000.0)
+    loaded = builder.poll(2000, busy)
+    assert [r.prefix for r in loaded] == [main]
+    # drained as predicted, scores not asked for (threshold 11 of 10): nothing to send
+    assert (
+        builder.poll(3000, ComputeState(outstanding_prefill_tokens=0, prefill_rate_tps=1000.0))
+        == []
+    )
+    # the default sends the main route with every change
+    cfg2 = dataclasses.replace(cfg, main_on_summary_change=True)
+    b2 = AdvertisementBuilder(cfg2, TieredCache([TierSpec(Tier.HBM, 100, 0, 8_000_000)]), 1)
+    b2.poll(0, idle)
+    b2.cache.admit(list(range(1, 11)))
+    assert next(r.prefix for r in b2.poll(1000, idle)) == main

@@ -84,6 +84,9 @@ class BuilderConfig:
     with RFC 8654 extended messages. as_path_hops: longest AS path the UPDATE will
     carry. reserve_bytes: left free in every attribute for signature and delegation.
     shard_range: the instance's own range for shard routes (None: single route).
+    main_on_summary_change: with shard routes, False sends a change of the summaries
+    alone on the changed shard routes only; the main route (metrics) then goes out
+    first, on refresh and when the metrics themselves moved enough to be wanted.
     """
 
     cs_id: int
@@ -105,6 +108,7 @@ class BuilderConfig:
     shard_range: str | None = None
     dampening: DampeningPolicy = field(default_factory=DampeningPolicy)
     score_scale: ScoreScale = field(default_factory=ScoreScale)
+    main_on_summary_change: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,19 +195,22 @@ class AdvertisementBuilder:
         """Advertisements due at `now_ms` (often none). `force` skips the dampening."""
         self.stats.polls += 1
         metrics = self._metrics(state)
+        score_delta = self._score_delta(metrics)
+        wait_error = self._wait_error(now_ms, state)
         decision = self.dampener.decide(
             now_ms,
             self.cache.pending_changes(),
             self._advertised_keys,
-            self._score_delta(metrics),
-            wait_error_ms=self._wait_error(now_ms, state),
+            score_delta,
+            wait_error_ms=wait_error,
             force=force,
         )
         if not decision.send:
             if decision.reason is Reason.SUPPRESSED:
                 self.stats.suppressed += 1
             return []
-        return self._build(now_ms, metrics, decision, state.wait_ms)
+        metrics_due = self.dampener.wanted(0, 0, score_delta, wait_error)
+        return self._build(now_ms, metrics, decision, state.wait_ms, metrics_due=metrics_due)
 
     def decide(self, now_ms: int, state: ComputeState) -> Decision:
         """What `poll` would decide now, without building anything."""
@@ -307,11 +314,18 @@ class AdvertisementBuilder:
         return Advertisement.build(*tlvs, self._next_sequence(), Timestamp(now_ms))
 
     def _build(
-        self, now_ms: int, metrics: CatsMetrics, decision: Decision, wait_ms: float
+        self,
+        now_ms: int,
+        metrics: CatsMetrics,
+        decision: Decision,
+        wait_ms: float,
+        *,
+        metrics_due: bool = True,
     ) -> list[RouteAdvertisement]:
         full = decision.reason in (Reason.INITIAL, Reason.REFRESH, Reason.FORCED)
         main_tlvs = self._main_tlvs(metrics)
         out: list[RouteAdvertisement] = []
+        send_main = True
         if self.shard_range is None:
             budget = self._value_budget - _tlvs_size(main_tlvs) - 32  # seq + timestamp
             share = (budget - 4) // len(self.cache.order) + 4  # one TLV header for all
@@ -332,8 +346,10 @@ class AdvertisementBuilder:
             main = self._stamp(now_ms, main_tlvs)
             out.append(RouteAdvertisement(self.main_prefix, main, decision.reason))
         else:
-            main = self._stamp(now_ms, main_tlvs)
-            out.append(RouteAdvertisement(self.main_prefix, main, decision.reason))
+            send_main = full or metrics_due or self.config.main_on_summary_change
+            if send_main:
+                main = self._stamp(now_ms, main_tlvs)
+                out.append(RouteAdvertisement(self.main_prefix, main, decision.reason))
             shard_tlvs: list[wire.TLV] = [Version(wire.FORMAT_VERSION), self._origin, self._model]
             budget = self._value_budget - _tlvs_size(shard_tlvs) - 32
             for tier in self.cache.order:
@@ -352,8 +368,9 @@ class AdvertisementBuilder:
         self.dampener.sent(now_ms)
         self.cache.mark_advertised()
         self._advertised_keys = self.cache.used_blocks()
-        self._last_metrics = metrics
-        self._advertised_wait = (now_ms, wait_ms)
+        if send_main:  # what receivers now believe about the load
+            self._last_metrics = metrics
+            self._advertised_wait = (now_ms, wait_ms)
         self.stats.updates += 1
         self.stats.advertisements += len(out)
         self.stats.by_reason[decision.reason.value] = (

@@ -76,6 +76,8 @@ class AggregatedControlPlane(ControlPlane):
             min_interval_ms=interval,
             max_interval_ms=max(interval, sc.refresh_interval_ms),
             change_threshold=sc.change_threshold,
+            score_threshold=sc.score_threshold,
+            wait_threshold_ms=sc.wait_threshold_ms,
         )
         for s in range(len(sc.sites)):
             key = SigningKey.from_seed(_seed(sc.seed, f"site-{s}"))

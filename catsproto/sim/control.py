@@ -90,6 +90,7 @@ def enrol(
         max_message_bytes=sc.max_message_bytes,
         shard_range=shards,
         dampening=dampening,
+        main_on_summary_change=sc.main_on_summary_change,
     )
     return trust.with_delegation(delegation), cfg
 
@@ -146,6 +147,8 @@ class ControlPlane:
             min_interval_ms=sc.update_interval_ms,
             max_interval_ms=sc.refresh_interval_ms,
             change_threshold=sc.change_threshold,
+            score_threshold=sc.score_threshold,
+            wait_threshold_ms=sc.wait_threshold_ms,
         )
         for i in range(n):
             s, j = sc.site_of(i), i % sc.instances_per_site

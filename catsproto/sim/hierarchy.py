@@ -35,7 +35,7 @@ import numpy as np
 from catsproto import wire
 from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
 from catsproto.selector.rib import ServiceTable
-from catsproto.selector.selector import Decision, _Pending
+from catsproto.selector.selector import Decision, Estimate, _Pending
 from catsproto.sim.cluster import Cluster
 from catsproto.sim.control import CS_ID, ControlPlane
 from catsproto.sim.policies import CatsprotoPolicy, Choice
@@ -165,36 +165,84 @@ class HierarchicalPolicy(CatsprotoPolicy):
             self.control.start(int(trace.arrival_ms[0]))
         self.handovers = 0  # decisions that left the ingress's own site
         self.site_decisions = [0] * len(cluster.sc.sites)  # by the site's own C-PS
+        self.bounces = 0  # handed back to the ingress's site: the chosen site was busy
+        self.sticky = 0  # left on the prefix holder though another looked a bit faster
 
     def choose(self, r: int, t: int) -> Choice:
         control = self.control
         assert isinstance(control, HierarchicalControlPlane)
+        sc = self.cluster.sc
         x = int(self.trace.ingress[r])
         req = self.trace.requests[r]
-        keys = self.trace.keys[r]
+        ingress = control.selectors[x]
+        assert isinstance(ingress, DeadReckoningSelector)
         try:
-            request = Request(CS_ID, keys, req.input_length, self._nodes[x])
-            top = control.selectors[x].decide(request, t)
-        except NoInstanceError:
-            return self._fallback(x, t)
-        s = int(self.cluster.site[self._index[top.chosen.address]])
-        self.handovers += s != x
-        try:
-            d = control.local_selectors[s].decide(
-                Request(CS_ID, keys, req.input_length, self._nodes[s]), t
+            top = ingress.decide(
+                Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[x]), t
             )
         except NoInstanceError:
+            return self._fallback(x, t)
+        self.last_decision = top
+        s = int(self.cluster.site[self._index[top.chosen.address]])
+        chosen = self._site_pick(s, r, t)
+        if chosen is None:
             return self._fallback(s, t)
-        self.last_decision = d
+        extra = 0.0
+        if s != x and sc.site_bounce:
+            # Site s's C-PS sees its real queue; if that makes it slower than the
+            # ingress's own site even after going back there (the detour x -> s -> x),
+            # it hands the request back. The ingress preferred s over its own site on the
+            # same (fresh) home state, so only a request worse than the ingress expected
+            # can be slower: the home site's C-PS is asked only then.
+            detour = sc.rtt(sc.sites[x], sc.sites[s])
+            seen = chosen.total_ms - chosen.rtt_ms + top.chosen.rtt_ms
+            if seen > top.chosen.total_ms + detour:
+                home = self._site_pick(x, r, t, dry=True)
+                if home is not None and seen > home.total_ms + detour:
+                    control.local_selectors[s].forget_last(CS_ID, chosen.address)
+                    chosen = self._site_pick(x, r, t)
+                    assert chosen is not None  # the dry run found one
+                    s, extra = x, detour
+                    self.bounces += 1
+        self.handovers += s != x
         self.site_decisions[s] += 1
-        chosen = d.chosen
-        tokens = chosen.prefill_ms / 1000 * self._tps(s, chosen.address)
+        if s == x:  # the ingress's own site placed it: that C-PS's note replaces the guess
+            ingress.forget_last(CS_ID, top.chosen.address)
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
         assert isinstance(box, DeadReckoningSelector)
-        if s == x:
-            box.forget_last(CS_ID, top.chosen.address)
-        box.note(CS_ID, chosen.address, t, tokens)
-        return Choice(self._index[chosen.address], None, chosen.cached_blocks)
+        box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
+        return Choice(self._index[chosen.address], None, chosen.cached_blocks, extra_rtt_ms=extra)
+
+    def _site_pick(self, s: int, r: int, t: int, *, dry: bool = False) -> Estimate | None:
+        """Site s's C-PS places request r (`dry`: only says where, records nothing)."""
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
+        local = control.local_selectors[s]
+        req = self.trace.requests[r]
+        try:
+            d = local.decide(
+                Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[s]), t
+            )
+        except NoInstanceError:
+            return None
+        chosen, ru = d.chosen, d.runner_up
+        margin = self.cluster.sc.site_sticky_ms
+        if (
+            margin > 0
+            and ru is not None
+            and ru.cached_blocks > chosen.cached_blocks
+            and ru.total_ms <= chosen.total_ms + margin
+        ):  # keep the prefix where it is rather than copying it
+            local.forget_last(CS_ID, chosen.address)
+            local.note(CS_ID, ru.address, t, self._tokens(s, ru))
+            chosen = ru
+            self.sticky += 1
+        if dry:
+            local.forget_last(CS_ID, chosen.address)
+        return chosen
+
+    def _tokens(self, s: int, est: Estimate) -> float:
+        return est.prefill_ms / 1000 * self._tps(s, est.address)
 
     def _tps(self, s: int, address: object) -> float:
         table = self.control.local_ribs[s].services[CS_ID]

@@ -61,6 +61,9 @@ class Scenario:
     update_interval_ms: int  # dampening minimum interval; 0: advertise before every request
     refresh_interval_ms: int  # dampening maximum interval
     change_threshold: float  # dampening: fraction of advertised keys changed
+    score_threshold: int  # dampening: an L1/L2 score moved by this many points (0..10)
+    wait_threshold_ms: float  # dampening: queue wait off the receivers' prediction by this
+    main_on_summary_change: bool  # False: a summary change alone re-sends only its shards
     per_hop_ms: float  # BGP processing per hop, added to the link delay
     propagation: bool  # False: advertisements reach every selector at once (zero delay)
     selector_site: str | None  # None: a C-PS at every ingress site; else one shared C-PS
@@ -75,6 +78,8 @@ class Scenario:
     selector_spread_ms: float  # selector's near-equal margin (power of two choices); 0: off
     selector_peers: bool  # each C-PS counts its own recent decisions once per C-PS
     site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
+    site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
+    site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     seed: int
     secret: bytes
     model_id: str
@@ -123,6 +128,9 @@ class Scenario:
                 update_interval_ms=int(d.get("update_interval_ms", 1000)),
                 refresh_interval_ms=int(d.get("refresh_interval_ms", 30_000)),
                 change_threshold=float(d.get("change_threshold", 0.05)),
+                score_threshold=int(d.get("score_threshold", 1)),
+                wait_threshold_ms=float(d.get("wait_threshold_ms", 100.0)),
+                main_on_summary_change=bool(d.get("main_on_summary_change", True)),
                 per_hop_ms=float(d.get("per_hop_ms", 1.0)),
                 propagation=bool(d.get("propagation", True)),
                 sharded=bool(d.get("sharded", True)),
@@ -137,6 +145,8 @@ class Scenario:
                 selector_spread_ms=float(d.get("selector_spread_ms", 0.0)),
                 selector_peers=bool(d.get("selector_peers", False)),
                 site_dispatch=bool(d.get("site_dispatch", False)),
+                site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
+                site_bounce=bool(d.get("site_bounce", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -212,6 +222,9 @@ class Scenario:
             "update_interval_ms": self.update_interval_ms,
             "refresh_interval_ms": self.refresh_interval_ms,
             "change_threshold": self.change_threshold,
+            "score_threshold": self.score_threshold,
+            "wait_threshold_ms": self.wait_threshold_ms,
+            "main_on_summary_change": self.main_on_summary_change,
             "per_hop_ms": self.per_hop_ms,
             "propagation": self.propagation,
             "sharded": self.sharded,
@@ -226,6 +239,8 @@ class Scenario:
             "selector_spread_ms": self.selector_spread_ms,
             "selector_peers": self.selector_peers,
             "site_dispatch": self.site_dispatch,
+            "site_sticky_ms": self.site_sticky_ms,
+            "site_bounce": self.site_bounce,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -327,6 +342,9 @@ _OPTIONAL = {
     "update_interval_ms",
     "refresh_interval_ms",
     "change_threshold",
+    "score_threshold",
+    "wait_threshold_ms",
+    "main_on_summary_change",
     "per_hop_ms",
     "propagation",
     "sharded",
@@ -341,6 +359,8 @@ _OPTIONAL = {
     "selector_spread_ms",
     "selector_peers",
     "site_dispatch",
+    "site_sticky_ms",
+    "site_bounce",
     "seed",
     "secret",
     "model_id",
