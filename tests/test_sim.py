@@ -310,28 +310,32 @@ BURST = [
 ]
 
 
-@pytest.mark.parametrize("bounce", [False, True])
-def test_site_bounce_by_hand(bounce):
+@pytest.mark.parametrize(
+    "over, inst, hits, ttft",
+    [
+        ({}, [2, 2, 3, 2], [0, 0, 0, 3], [17, 101, 101, 114]),
+        ({"site_bounce": True}, [2, 2, 3, 0], [0, 0, 0, 0], [17, 101, 101, 27]),
+        ({"remote_margin_ms": 5.0}, [2, 2, 3, 0], [0, 0, 0, 0], [17, 101, 101, 17]),
+    ],
+)
+def test_site_bounce_and_remote_margin_by_hand(over, inst, hits, ttft):
     # q0 t=0: nothing heard -> fallback at B: B1, 1+0+16 = 17; B1's summary of
     #   (1, 2, 4, 5) leaves at the 1 s tick and reaches ingress A at 1007
     # q1 t=2000: B1 B2 tie at 1+0+100 -> B1: 101 | q2: B's C-PS counts q1 on B1 -> B2: 101
     # q3 t=2000 at ingress A, which cannot know of q1 q2: B1 holds 3 of its blocks,
     #   10 + 0 + 4 = 14 beats A1's 1 + 0 + 16 = 17 -> site B. B's C-PS: B1 1+100+4 = 105,
-    #   i.e. 114 from A, worse than what A expected (14 + the 10 ms detour) and than A1
-    #   after the detour (17 + 10) -> handed back: A1, 1 + 10 + 0 + 16 = 27.
-    #   Without the bounce: B1, 10 + 100 + 4 = 114.
-    sc = mini(site_dispatch=True, site_bounce=bounce, ingress_index=3)
-    inst, hits, ttft, r = outcome("catsproto", sc, requests=BURST)
+    #   so 10 + 100 + 4 = 114 as A sees it: B1 (no bounce).
+    # bounce: 114 is worse than A expected (14 + the 10 ms detour) and than A1 after the
+    #   detour (17 + 10) -> handed back: A1, 1 + 10 + 0 + 16 = 27.
+    # a 5 ms remote margin: A1's 17 is within 14 + 5, so ingress A keeps it: A1, 17.
+    sc = mini(site_dispatch=True, ingress_index=3, **over)
+    got_inst, got_hits, got_ttft, r = outcome("catsproto", sc, requests=BURST)
     assert prepared(sc, BURST).ingress.tolist() == [1, 1, 1, 0]
-    if bounce:
-        assert inst == [2, 2, 3, 0]
-        assert hits == [0, 0, 0, 0]
-        assert ttft == pytest.approx([17, 101, 101, 27])
+    assert got_inst == inst
+    assert got_hits == hits
+    assert got_ttft == pytest.approx(ttft)
+    if over.get("site_bounce"):
         assert r.rtt_ms.tolist() == [1, 1, 1, 11]  # the detour is in the round trip
-    else:
-        assert inst == [2, 2, 3, 2]
-        assert hits == [0, 0, 0, 3]
-        assert ttft == pytest.approx([17, 101, 101, 114])
 
 
 STICK = [

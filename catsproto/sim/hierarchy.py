@@ -167,6 +167,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.site_decisions = [0] * len(cluster.sc.sites)  # by the site's own C-PS
         self.bounces = 0  # handed back to the ingress's site: the chosen site was busy
         self.sticky = 0  # left on the prefix holder though another looked a bit faster
+        self.kept_home = 0  # a remote site looked better, but not by the margin
 
     def choose(self, r: int, t: int) -> Choice:
         control = self.control
@@ -184,6 +185,14 @@ class HierarchicalPolicy(CatsprotoPolicy):
             return self._fallback(x, t)
         self.last_decision = top
         s = int(self.cluster.site[self._index[top.chosen.address]])
+        margin = sc.remote_margin_ms
+        if s != x and margin > 0:
+            # what the ingress knows of a remote site is a WAN delay and an update
+            # interval old; stay home unless the remote site is better by the margin
+            home = self._site_pick(x, r, t, dry=True)
+            if home is not None and home.total_ms <= top.chosen.total_ms + margin:
+                s = x
+                self.kept_home += 1
         chosen = self._site_pick(s, r, t)
         if chosen is None:
             return self._fallback(s, t)

@@ -80,6 +80,7 @@ class Scenario:
     site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
+    remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     seed: int
     secret: bytes
     model_id: str
@@ -147,6 +148,7 @@ class Scenario:
                 site_dispatch=bool(d.get("site_dispatch", False)),
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
                 site_bounce=bool(d.get("site_bounce", False)),
+                remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -241,6 +243,7 @@ class Scenario:
             "site_dispatch": self.site_dispatch,
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
+            "remote_margin_ms": self.remote_margin_ms,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -361,6 +364,7 @@ _OPTIONAL = {
     "site_dispatch",
     "site_sticky_ms",
     "site_bounce",
+    "remote_margin_ms",
     "seed",
     "secret",
     "model_id",
