@@ -40,6 +40,7 @@ from catsproto.sim import (
     apply_overrides,
     run_policy,
 )
+from catsproto.sim.control import ControlPlane
 from catsproto.sim.hierarchy import HierarchicalPolicy, replay
 from catsproto.wire import Tier
 
@@ -403,3 +404,20 @@ def test_builder_summary_change_alone_sends_only_its_shards():
     b2.poll(0, idle)
     b2.cache.admit(list(range(1, 11)))
     assert next(r.prefix for r in b2.poll(1000, idle)) == main
+
+
+@pytest.mark.parametrize("speedup", [1.0, 4.0])
+def test_skipping_quiet_polls_changes_nothing(monkeypatch, speedup):
+    """The control plane does not poll a builder whose dampener could only say no; the
+    advertisements, their bytes and every decision are those of polling them all."""
+    raw = apply_overrides(load_scenario("s1"), [f"speedup={speedup}"])
+    sc = Scenario.from_mapping(raw)
+    tr = prepared(sc, read_trace(TRACE_FILE, limit=400))
+    fast = run_policy("catsproto", tr, sc)
+    monkeypatch.setattr(ControlPlane, "skip_quiet_polls", False)
+    full = run_policy("catsproto", tr, sc)
+    assert fast.instance.tolist() == full.instance.tolist()
+    np.testing.assert_allclose(fast.ttft_ms, full.ttft_ms)
+    for k in ("advertisements", "bytes", "accepted", "builds"):
+        assert fast.control[k] == full.control[k], k
+    assert fast.control["polls"] < full.control["polls"]  # and it did skip some

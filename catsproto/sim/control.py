@@ -47,6 +47,7 @@ from catsproto.summary import KIND_EXACT
 __all__ = ["CS_ID", "ControlPlane", "ControlStats", "ingress_node"]
 
 CS_ID = 1
+_SCORE_SPAN = 10  # L1/L2 scores are 0..10 (node.metrics), so no move reaches 11
 _NOT_AFTER_MS = 1 << 62
 
 
@@ -129,9 +130,12 @@ class ControlStats:
     full_checks: int = 0  # complete receive-path checks (decode, signature, scope, replay)
     reused_verdicts: int = 0  # identical checks at another selector, verdict reused
     builds: int = 0  # polls that produced advertisements
+    skipped_polls: int = 0  # builders not asked: their dampener could only say no
 
 
 class ControlPlane:
+    skip_quiet_polls = True  # do not ask builders whose dampener could only say no
+
     def __init__(self, sc: Scenario, cluster: Cluster, *, exact: bool = False) -> None:
         self.sc = sc
         self.cluster = cluster
@@ -193,6 +197,10 @@ class ControlPlane:
         self._heap: list[tuple[int, int, int, int, object, bytes, frozenset[int] | None]] = []
         self._counter = 0
         self._polled: list[ComputeState | None] = [None] * n
+        # per builder, its last update: (when, keys then advertised) and (when, the
+        # queue wait its main route then told receivers); for `_quiet`
+        self._sent: list[tuple[int, int] | None] = [None] * n
+        self._sent_wait: list[tuple[int, float] | None] = [None] * n
         # verdicts by (bytes, route): (replay position the checker saw before, verdict)
         self._verdicts: dict[tuple[bytes, object], tuple[object, object]] = {}
         self._next_tick = 0
@@ -257,9 +265,16 @@ class ControlPlane:
                 and not builder.cache.pending_changes()
             ):
                 continue
+            if not force and self.skip_quiet_polls and self._quiet(i, t, state):
+                self.stats.skipped_polls += 1
+                continue
             self._polled[i] = state
             self.stats.polls += 1
             routes = builder.poll(t, state, force=force)
+            if builder.dampener.last_sent_ms == t:  # what receivers were told at t
+                self._sent[i] = (t, builder.cache.used_blocks())
+                if any(r.prefix == builder.main_prefix for r in routes):
+                    self._sent_wait[i] = (t, state.wait_ms)
             if not routes:
                 continue
             self.stats.builds += 1
@@ -279,6 +294,29 @@ class ControlPlane:
                     heapq.heappush(
                         self._heap, (at, self._counter, x, i, route.prefix, value, snapshot)
                     )
+
+    def _quiet(self, i: int, t: int, state: ComputeState) -> bool:
+        """Can builder i's dampener only say "idle" or "below threshold" at t? Its
+        rules (`node.dampening`) on what this plane recorded of its last update: no
+        refresh due, no score trigger possible (scores span 0..10), too few keys
+        changed, the queue wait within the threshold of the receivers' prediction.
+        False whenever the record is not of the builder's last update."""
+        builder = self.builders[i]
+        p = builder.dampener.policy
+        last, sent = builder.dampener.last_sent_ms, self._sent[i]
+        if last is None or sent is None or sent[0] != last or t - last >= p.max_interval_ms:
+            return False
+        if p.score_threshold <= _SCORE_SPAN:
+            return False
+        changed = builder.cache.pending_changes()
+        if changed >= p.min_changed_keys and changed >= p.change_threshold * max(1, sent[1]):
+            return False
+        told = self._sent_wait[i]
+        if told is not None:
+            error = state.wait_ms - max(0.0, told[1] - (t - told[0]))
+            if abs(error) >= p.wait_threshold_ms:
+                return False
+        return True
 
     def deliver(self, t: int) -> None:
         """Verify and merge every advertisement that has arrived by time t."""
