@@ -13,7 +13,15 @@ where the state is freshest and where every request for that site passes. Here:
   and runs its own selector over it (`DeadReckoningSelector`). Being the only C-PS that
   sends work to S's instances, its count of work sent since each advertisement is
   complete, so four ingresses inside one millisecond's burst no longer pile onto one
-  instance: they can only pile onto one site, whose C-PS spreads the pile.
+  instance: they can only pile onto one site, whose C-PS spreads the pile. It tells the
+  ingress selector in its own box what it placed (`note`), so that selector knows its
+  site's instances as well as the site C-PS does;
+- scenario rules at the site C-PS: ``site_bounce`` hands a request back to its
+  ingress's site when the site's real queue makes it slower there even after the detour
+  (which is added to the round trip); ``site_sticky_ms`` leaves a request on the holder
+  of a longer prefix when that is at most this much slower, instead of copying the
+  prefix; at the ingress, ``remote_margin_ms`` keeps a request home unless a remote site
+  is better by that much.
 
 `DeadReckoningSelector` is the selector with one change to its queue term: the work
 sent since an instance's advertisement is replayed as an FCFS queue drained at the
