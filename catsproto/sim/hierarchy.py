@@ -93,13 +93,16 @@ class DeadReckoningSelector(PathSelector):
         if log:
             log.pop()
 
-    def _pending_for(self, table: ServiceTable) -> np.ndarray:
+    def _pending_for(self, table: ServiceTable) -> _Pending:
         n = len(table.alive)
         pend = self._pending.get(table.cs_id)
         if pend is None or len(pend.tokens) < n:
             old = pend
             pend = _Pending(
-                np.zeros(n), np.full(n, -1, dtype=np.int64), [deque() for _ in range(n)]
+                np.zeros(n),
+                np.full(n, -1, dtype=np.int64),
+                [deque() for _ in range(n)],
+                np.zeros(n),
             )
             if old is not None:
                 m = len(old.tokens)
@@ -114,18 +117,24 @@ class DeadReckoningSelector(PathSelector):
             if not table.alive[slot]:
                 log.clear()
             pend.seen_version[slot] = table.metrics_version[slot]
-        out = np.zeros(n)
-        now = self._now_ms
-        peers = self.config.peer_selectors
+        pend.ms[:n] = 0.0  # the replayed queue depends on now: every slot, every time
         for slot, log in enumerate(pend.log[:n]):
-            if not log:
-                continue
-            tps = float(table.prefill_tps[slot])
-            backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
-            drained = max(0.0, backlog - max(0.0, now - at) * tps / 1000)
-            out[slot] = (replay(backlog, at, log, tps, now) - drained) / peers
-        pend.tokens = out  # decide() adds the new decision's tokens to this array
-        return out
+            if log:
+                self._pending_ms(pend, table, slot)
+        return pend
+
+    def _pending_ms(self, pend: _Pending, table: ServiceTable, slot: int) -> None:
+        """The queue time decide() adds to the drained backlog: the replayed queue less
+        that drained backlog (peer_selectors does not apply: the count is complete)."""
+        log = pend.log[slot]
+        if not log:
+            pend.ms[slot] = 0.0
+            return
+        now = self._now_ms
+        tps = float(table.prefill_tps[slot])
+        backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
+        drained = max(0.0, backlog - max(0.0, now - at) * tps / 1000)
+        pend.ms[slot] = (replay(backlog, at, log, tps, now) - drained) * 1000 / tps
 
 
 class HierarchicalControlPlane(ControlPlane):
