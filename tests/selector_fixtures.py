@@ -46,11 +46,13 @@ def entry(
     )
 
 
-def advert(address, site, entries=(), seq=1, ts=1000, tps=10_000.0, backlog=0.0, cs_id=7):
+def advert(
+    address, site, entries=(), seq=1, ts=1000, tps=10_000.0, backlog=0.0, cs_id=7, epoch=1
+):
     tlvs = [
         wire.Version(1),
         wire.Origin(cs_id, site, ipaddress.ip_address(address)),
-        wire.Sequence(1, seq),
+        wire.Sequence(epoch, seq),
         wire.Timestamp(ts),
         wire.MetricsL0(
             (

@@ -187,3 +187,29 @@ def test_walk_gives_each_instance_its_leading_run():
     hs, ks = index.prefix_lengths(prompt, subset)
     expect = {s: k for s, k in brute().items() if s % 2 == 0}
     assert dict(zip(hs.tolist(), ks.tolist(), strict=True)) == expect
+
+
+def test_restarted_origin_replaces_its_old_state():
+    """A new epoch starts its summary versions again at 1: the RIB drops what the old
+    epoch said (every tier and shard) instead of ignoring the new snapshots as old."""
+    rng = np.random.default_rng(3)
+    rib = RIB(hold_time_ms=10**9)
+    before = rng.integers(0, 2**64 - 1, size=400, dtype=np.uint64)
+    after = rng.integers(0, 2**64 - 1, size=400, dtype=np.uint64)
+    old = entries_for(before, wire.SummaryKind.EXACT, 2, version=5)
+    old += entries_for(before, wire.SummaryKind.EXACT, 1, tier=wire.Tier.DRAM, version=5)
+    for n, e in enumerate(old):
+        rib.accept(advert(str(addr(0)), 1, [e], seq=10 + n, epoch=1), now_ms=1)
+    inst = rib.services[7].by_address[addr(0)]
+    probe = FleetProbe(rib.services[7])
+    assert (inst.lookup(before) > 0).all() and probe.held(before[:5]) == [1] * 5
+    # restart: epoch 2, one shard of HBM only, version 1
+    new = entries_for(after, wire.SummaryKind.EXACT, 1, version=1)
+    rib.accept(advert(str(addr(0)), 1, new, seq=1, epoch=2), now_ms=2)
+    assert set(inst.tiers) == {wire.Tier.HBM}
+    assert (inst.lookup(after) > 0).all() and not (inst.lookup(before) > 0).any()
+    assert probe.held(after[:5]) == [1] * 5 and probe.held(before[:5]) == [0] * 5
+    # and a later advertisement of the same epoch merges as usual
+    more = entries_for(after[:100], wire.SummaryKind.EXACT, 1, tier=wire.Tier.DRAM, version=1)
+    rib.accept(advert(str(addr(0)), 1, more, seq=2, epoch=2), now_ms=3)
+    assert set(inst.tiers) == {wire.Tier.HBM, wire.Tier.DRAM}

@@ -245,6 +245,12 @@ class RIB:
         inst.heard_ms = now_ms
         table.heard_ms[inst.slot] = now_ms
         seq = (adv.sequence.epoch, adv.sequence.sequence)
+        if inst.epoch_seq != (0, 0) and seq[0] > inst.epoch_seq[0]:
+            # The origin restarted: what it said in its old epoch went with it. Its new
+            # summaries start again at version 1, and replace the old ones, never merge.
+            inst.tiers.clear()
+            inst.summaries_changed()
+            table.touch(inst)
         inst.epoch_seq = max(inst.epoch_seq, seq)
         model = adv.cache_model
         if model is not None:
