@@ -278,6 +278,25 @@ class PathSelector:
         return self._arange
 
     def _pending_for(self, table: ServiceTable) -> _Pending:
+        """This selector's own work per slot, less what newer advertisements count."""
+        pend = self._pending_store(table)
+        n = len(table.alive)
+        # An advertisement newer than a decision already counts that decision's work.
+        for slot in np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0].tolist():
+            log = pend.log[slot]
+            while log and log[0][0] <= table.metrics_ms[slot]:
+                pend.tokens[slot] -= log.popleft()[1]
+            if not log:  # no float residue: an empty log means nothing pending
+                pend.tokens[slot] = 0.0
+            if not table.alive[slot]:
+                log.clear()
+                pend.tokens[slot] = 0.0
+            pend.seen_version[slot] = table.metrics_version[slot]
+            self._pending_ms(pend, table, slot)
+        return pend
+
+    def _pending_store(self, table: ServiceTable) -> _Pending:
+        """The per-slot record of work sent, grown with the table."""
         n = len(table.alive)
         pend = self._pending.get(table.cs_id)
         if pend is None or len(pend.tokens) < n:
@@ -297,18 +316,6 @@ class PathSelector:
                     old.ms,
                 )
             self._pending[table.cs_id] = pend
-        # An advertisement newer than a decision already counts that decision's work.
-        for slot in np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0].tolist():
-            log = pend.log[slot]
-            while log and log[0][0] <= table.metrics_ms[slot]:
-                pend.tokens[slot] -= log.popleft()[1]
-            if not log:  # no float residue: an empty log means nothing pending
-                pend.tokens[slot] = 0.0
-            if not table.alive[slot]:
-                log.clear()
-                pend.tokens[slot] = 0.0
-            pend.seen_version[slot] = table.metrics_version[slot]
-            self._pending_ms(pend, table, slot)
         return pend
 
     def _pending_ms(self, pend: _Pending, table: ServiceTable, slot: int) -> None:

@@ -95,19 +95,7 @@ class DeadReckoningSelector(PathSelector):
 
     def _pending_for(self, table: ServiceTable) -> _Pending:
         n = len(table.alive)
-        pend = self._pending.get(table.cs_id)
-        if pend is None or len(pend.tokens) < n:
-            old = pend
-            pend = _Pending(
-                np.zeros(n),
-                np.full(n, -1, dtype=np.int64),
-                [deque() for _ in range(n)],
-                np.zeros(n),
-            )
-            if old is not None:
-                m = len(old.tokens)
-                pend.seen_version[:m], pend.log[:m] = old.seen_version, old.log
-            self._pending[table.cs_id] = pend
+        pend = self._pending_store(table)
         changed = np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0]
         for slot in changed.tolist():
             log = pend.log[slot]
