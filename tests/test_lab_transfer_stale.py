@@ -32,16 +32,12 @@ from catsproto.lab import flows, runner
 from catsproto.lab.instances import demo_prefix_keys
 from catsproto.lab.steering import rib_from_receiver
 from catsproto.selector import RIB
+from tests.lab_scripts import RANDOM_PROMPT
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
 INTERVAL = 6.0
-EVICTOR = (
-    "import random, sys\n"
-    "from catsproto.adapters.steering import post_json\n"
-    "tokens = [random.randrange(128000) for _ in range(48 * 512)]\n"
-    "print(post_json(sys.argv[1] + '/generate', {'prompt_token_ids': tokens}, timeout=120))\n"
-)
+EVICT_BLOCKS = 48  # a prompt of new blocks large enough to push the conversation out
 STATE = (
     "import json, sys, urllib.request\n"
     "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
@@ -111,7 +107,7 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     seq = _x_sequence(lab)
     lab.wait_for(lambda: _x_sequence(lab) > seq, 2 * INTERVAL + 15, "X's next advertisement")
     heard, heard_wall = time.monotonic(), time.time()
-    argv = [sys.executable, "-c", EVICTOR, f"http://{X}:8100"]
+    argv = [sys.executable, "-c", RANDOM_PROMPT, f"http://{X}:8100", str(EVICT_BLOCKS)]
     evictors = [lab.handle.start("e3", f"evict{i}", argv) for i in range(3)]
 
     def evicted() -> bool:

@@ -28,18 +28,13 @@ from catsproto.adapters import netns
 from catsproto.lab import flows, runner
 from catsproto.lab.instances import BLOCK_TOKENS, LAB_PREFILL_TPS, demo_prefix_keys, lab_key
 from catsproto.lab.steering import rib_from_receiver
+from tests.lab_scripts import RANDOM_PROMPT
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"  # computed site 3's conversation at start
 X_MATE = "10.103.0.12"
 KV_BYTES = 256 << 10
 LOAD_BLOCKS = 64  # per loaded instance: 32,768 tokens, about 4 s of prefill
-LOADER = (
-    "import random, sys\n"
-    "from catsproto.adapters.steering import post_json\n"
-    "tokens = [random.randrange(128000) for _ in range(int(sys.argv[2]) * 512)]\n"
-    "print(post_json(sys.argv[1] + '/generate', {'prompt_token_ids': tokens}, timeout=120))\n"
-)
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytestmark = pytest.mark.skip(reason="the lab transfer test needs root (namespaces, FRR)")
@@ -102,7 +97,7 @@ def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
         lab.handle.start(
             "e3",
             f"load-{addr}",
-            [sys.executable, "-c", LOADER, f"http://{addr}:8100", str(LOAD_BLOCKS)],
+            [sys.executable, "-c", RANDOM_PROMPT, f"http://{addr}:8100", str(LOAD_BLOCKS)],
         )
         for addr in (X, X_MATE)
     ]
