@@ -27,12 +27,11 @@ from pathlib import Path
 import pytest
 
 from catsproto import wire
-from catsproto.adapters import netns
 from catsproto.lab import flows, runner
 from catsproto.lab.instances import demo_prefix_keys
 from catsproto.lab.steering import rib_from_receiver
 from catsproto.selector import RIB
-from tests.lab_scripts import RANDOM_PROMPT
+from tests.lab_helpers import RANDOM_PROMPT, cats4_lab
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
@@ -49,21 +48,13 @@ if os.geteuid() != 0 and os.environ.get("CI") != "true":
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = runner.up(
-        LAB / "cats4.clab.yml",
+    with cats4_lab(
         tmp_path_factory.mktemp("stale"),
-        tag=f"t{os.getpid()}",
-        feed=True,
+        f"t{os.getpid()}",
         feed_interval=INTERVAL,
         instance_args=("--tiers", "hbm:16,dram:32", "--background-blocks", "0"),
-    )
-    try:
+    ) as lab:
         yield lab
-    finally:
-        pids = [p.pid for p in lab.handle.state.processes]
-        lab.down()
-        assert netns.leftover_namespaces(lab.tag) == []
-        assert not any(netns.pid_alive(pid) for pid in pids)
 
 
 def _claimed(rib: RIB, need_all: bool = True) -> int:

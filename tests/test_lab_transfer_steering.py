@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from catsproto.adapters import netns
 from catsproto.lab import flows, runner
 from catsproto.lab.instances import BLOCK_TOKENS, LAB_PREFILL_TPS, demo_prefix_keys, lab_key
 from catsproto.lab.steering import rib_from_receiver
-from tests.lab_scripts import RANDOM_PROMPT
+from tests.lab_helpers import RANDOM_PROMPT, cats4_lab
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"  # computed site 3's conversation at start
@@ -42,11 +41,9 @@ if os.geteuid() != 0 and os.environ.get("CI") != "true":
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = runner.up(
-        LAB / "cats4.clab.yml",
+    with cats4_lab(
         tmp_path_factory.mktemp("xfer"),
-        tag=f"x{os.getpid()}",
-        feed=True,
+        f"x{os.getpid()}",
         feed_interval=1.0,
         instance_args=(
             "--kv-bytes",
@@ -56,14 +53,8 @@ def lab(tmp_path_factory):
             "--background-blocks",
             "0",
         ),
-    )
-    try:
+    ) as lab:
         yield lab
-    finally:
-        pids = [p.pid for p in lab.handle.state.processes]
-        lab.down()
-        assert netns.leftover_namespaces(lab.tag) == []
-        assert not any(netns.pid_alive(pid) for pid in pids)
 
 
 def _table(lab: runner.Lab):  # the selector's view at the ingress, from BGP

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from catsproto.adapters import netns
 from catsproto.lab import flows, runner
+from tests.lab_helpers import cats4_lab
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 REMOTE = "10.103.0.11"  # site 3's first instance: it computed site 3's conversation
@@ -40,20 +40,12 @@ def _site3_cached_at_ingress(lab: runner.Lab) -> bool:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = runner.up(
-        LAB / "cats4.clab.yml",
+    with cats4_lab(
         tmp_path_factory.mktemp("steer"),
-        tag=f"s{os.getpid()}",
-        feed=True,
+        f"s{os.getpid()}",
         feed_interval=1.0,
-    )
-    try:
+    ) as lab:
         yield lab
-    finally:
-        pids = [p.pid for p in lab.handle.state.processes]
-        lab.down()
-        assert netns.leftover_namespaces(lab.tag) == []
-        assert not any(netns.pid_alive(pid) for pid in pids)
 
 
 def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(lab):

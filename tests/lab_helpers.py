@@ -1,0 +1,36 @@
+"""Shared pieces of the 4-site lab tests: bringing the lab up and down, and small
+programs run inside a namespace (`python -c SCRIPT args`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from catsproto.adapters import netns
+from catsproto.lab import runner
+
+CATS4 = Path(__file__).resolve().parent.parent / "lab" / "cats4.clab.yml"
+
+# POST a prompt of random tokens to an instance: argv[1] = instance URL, argv[2] = blocks
+# of 512 tokens. Prints the instance's answer (JSON).
+RANDOM_PROMPT = (
+    "import random, sys\n"
+    "from catsproto.adapters.steering import post_json\n"
+    "tokens = [random.randrange(128000) for _ in range(int(sys.argv[2]) * 512)]\n"
+    "print(post_json(sys.argv[1] + '/generate', {'prompt_token_ids': tokens}, timeout=120))\n"
+)
+
+
+@contextlib.contextmanager
+def cats4_lab(run_dir: Path, tag: str, **options: Any) -> Iterator[runner.Lab]:
+    """The 4-site lab with feeders; on exit every namespace and process is gone (asserted)."""
+    lab = runner.up(CATS4, run_dir, tag=tag, feed=True, **options)
+    try:
+        yield lab
+    finally:
+        pids = [p.pid for p in lab.handle.state.processes]
+        lab.down()
+        assert netns.leftover_namespaces(lab.tag) == []
+        assert not any(netns.pid_alive(pid) for pid in pids)
