@@ -139,43 +139,24 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
         for r in reqs:
             sel.decide(r, now_ms=2)
     out = {"instances": n, "blocks_per_instance": blocks, "setup_s": round(setup_s, 1)}
-    before = lookups(sel)
-    out["selector_warm"] = warm = time_calls(lambda r: sel.decide(r, now_ms=2), reqs, seconds)
-    warm["lookups_per_decision"] = round((lookups(sel) - before) / warm.pop("calls"), 2)
-    unique = 8000  # more new prompts than a timed run gets through: none recurs
-    cold = [
-        Request(
-            7,
-            rng.integers(0, 2**63, size=PROMPT_BLOCKS, dtype=np.uint64),
-            PROMPT_BLOCKS * BLOCK,
-            "ingress",
+    def measure(case: str, prompts: list[np.ndarray], secs: float, once: bool) -> None:
+        reqs_ = [Request(7, keys, PROMPT_BLOCKS * BLOCK, "ingress") for keys in prompts]
+        before = lookups(sel)
+        out[f"selector_{case}"] = res = time_calls(
+            lambda r: sel.decide(r, now_ms=2), reqs_, secs, once=once
         )
-        for _ in range(unique)
-    ]
-    before = lookups(sel)
-    out["selector_cold"] = c = time_calls(
-        lambda r: sel.decide(r, now_ms=2), cold, seconds / 2, once=True
-    )
-    c["lookups_per_decision"] = round((lookups(sel) - before) / c.pop("calls"), 1)
+        res["lookups_per_decision"] = round((lookups(sel) - before) / res.pop("calls"), 2)
+
+    measure("warm", [r.block_keys for r in reqs], seconds, once=False)
+    unique = 8000  # more new prompts than a timed run gets through: none recurs
+    new_keys = rng.integers(0, 2**63, size=(unique, PROMPT_BLOCKS), dtype=np.uint64)
+    measure("cold", list(new_keys), seconds / 2, once=True)
     # prompts that share a held prefix but were never seen: the first key is known, the
     # rest is asked of the prefix's holders only
-    fresh_tail = [
-        Request(
-            7,
-            np.concatenate(
-                [pool[i % pool_size][:PROMPT_BLOCKS // 4],
-                 rng.integers(0, 2**63, size=PROMPT_BLOCKS * 3 // 4, dtype=np.uint64)]
-            ),
-            PROMPT_BLOCKS * BLOCK,
-            "ingress",
-        )
-        for i in range(unique)
-    ]
-    before = lookups(sel)
-    out["selector_new_tail"] = t = time_calls(
-        lambda r: sel.decide(r, now_ms=2), fresh_tail, seconds / 2, once=True
-    )
-    t["lookups_per_decision"] = round((lookups(sel) - before) / t.pop("calls"), 1)
+    tails = rng.integers(0, 2**63, size=(unique, PROMPT_BLOCKS * 3 // 4), dtype=np.uint64)
+    held = [pool[i % pool_size][: PROMPT_BLOCKS // 4] for i in range(unique)]
+    tailed = [np.concatenate(p) for p in zip(held, tails, strict=True)]
+    measure("new_tail", tailed, seconds / 2, once=True)
     out["instance_lookups_per_decision_baseline"] = n * PROMPT_BLOCKS
     if baseline:
         out["baseline_loop"] = time_calls(lambda r: baseline_decide(rib, net, r), reqs, seconds)
@@ -195,7 +176,8 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
                 .chosen.address
             )
             == baseline_decide(rib, net, r)[1]
-            for r in reqs[:25] + cold[:25]
+            for r in reqs[:25]
+            + [Request(7, k, PROMPT_BLOCKS * BLOCK, "ingress") for k in new_keys[:25]]
         )
         out["same_choice_as_baseline_of_50"] = agree
     return out
