@@ -405,6 +405,23 @@ def test_attack_is_refused_with_its_reason_and_changes_nothing(attack):
         )
 
 
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_an_already_decoded_value_gets_the_same_verdict(attack):
+    """The daemon decodes first (RFC 7606 answers) and hands its decode over: the
+    verdict must be the one of the bytes alone."""
+    _, build, nlri, now, group, reason = attack
+    before = dataclasses.replace(receiver(), group_keys=group)
+    value = build(F)
+    try:
+        decoded = wire.decode(value)
+    except wire.CodecError:  # the daemon refuses it before verifying
+        assert reason is Reason.MALFORMED
+        return
+    verdict, after = before.receive(value, nlri, now, decoded=decoded)
+    assert verdict.reason is reason, verdict.detail
+    assert after.window is before.window and after.counters[reason] == 1
+
+
 def test_the_honest_versions_of_the_attacked_advertisements_pass():
     """Control for the table: each row fails only because of what the attacker changed."""
     r = receiver()

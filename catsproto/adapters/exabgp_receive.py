@@ -186,7 +186,8 @@ class TrustFileVerifier:
         receiver = self._current()
         if receiver is None:
             return UNVERIFIED
-        verdict, self._receiver = receiver.receive(value, prefix, int(self.clock() * 1000))
+        now_ms = int(self.clock() * 1000)
+        verdict, self._receiver = receiver.receive(value, prefix, now_ms, decoded=adv)
         if verdict.reason in (Reason.OK, Reason.DUPLICATE):
             return Verification(True, True)
         return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")

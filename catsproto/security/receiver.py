@@ -41,7 +41,7 @@ from catsproto.security.errors import (
     UnsignedError,
 )
 from catsproto.security.identity import key_id
-from catsproto.security.replay import ReplayWindow, RouteKey, RouteState
+from catsproto.security.replay import ReplayWindow, RouteKey, RouteState, route_key
 from catsproto.security.sealing import GroupKeyring, open_sealed
 from catsproto.security.signing import (
     ADVERTISEMENT_LABEL,
@@ -51,6 +51,7 @@ from catsproto.security.signing import (
 )
 from catsproto.security.trust import Authorisation, TrustStore
 from catsproto.wire import Advertisement, CodecError, Delegation
+from catsproto.wire.compiled import filling_class
 
 DEFAULT_MAX_AGE_MS = 120_000
 DEFAULT_MAX_FUTURE_MS = 5_000
@@ -172,13 +173,23 @@ def _verify(
     window: ReplayWindow,
     policy: Policy,
     group_keys: GroupKeyring | None,
+    decoded: Advertisement | None = None,
 ) -> Verdict:
-    try:
-        adv = wire.decode(value)
-    except CodecError as exc:
-        raise MalformedError(exc.reason, exc.offset, exc.tlv_type) from None
-    origin = adv.origin
-    route = RouteKey(origin.cs_id, origin.address, nlri)
+    if decoded is not None:
+        adv = decoded
+    else:
+        try:
+            adv = wire.decode(value)
+        except CodecError as exc:
+            raise MalformedError(exc.reason, exc.offset, exc.tlv_type) from None
+    tlvs = adv.tlvs
+    # decode guarantees the mandatory Version, Origin, Sequence and Timestamp (types 1-4),
+    # in that order; they are the first four unless an unknown type 0 comes first
+    if type(tlvs[1]) is wire.Origin:
+        origin, seq, ts = tlvs[1], tlvs[2], tlvs[3].ms
+    else:
+        origin, seq, ts = adv.origin, adv.sequence, adv.timestamp_ms
+    route = route_key(origin.cs_id, origin.address, nlri)
     try:
         signature, carried = _signature_and_delegation(adv)
         if signature is None:
@@ -186,7 +197,6 @@ def _verify(
         auth, learned = _signer(carried, signature, trust)
         auth.check_validity(now_ms)
         auth.check_scope(origin.cs_id, origin.address, nlri)
-        ts = adv.timestamp_ms
         if ts < now_ms - policy.max_age_ms:
             raise StaleTimestampError(
                 f"timestamp {ts} is {now_ms - ts} ms old, more than {policy.max_age_ms}"
@@ -195,7 +205,6 @@ def _verify(
             raise FutureTimestampError(
                 f"timestamp {ts} is {ts - now_ms} ms ahead, more than {policy.max_future_ms}"
             )
-        seq = adv.sequence
         position = (seq.epoch, seq.sequence)
         previous = window.get(route)
         if previous is not None and position < previous.position:
@@ -230,21 +239,12 @@ def _verify(
 
 
 # Every accepted advertisement makes a RouteState and a Verdict whose fields are known
-# good; filling their slots directly costs half of the dataclass __init__.
+# good; filling them as their slot-compatible twins costs a third of the dataclass
+# __init__ (`wire.compiled.filling_class`).
 _new = object.__new__
-_SET_EPOCH, _SET_SEQUENCE, _SET_TIMESTAMP, _SET_SIGNATURE = (
-    getattr(RouteState, f.name).__set__ for f in dataclasses.fields(RouteState)
-)
-(
-    _SET_REASON,
-    _SET_DETAIL,
-    _SET_ROUTE,
-    _SET_ADV,
-    _SET_SIGNER,
-    _SET_STATE,
-    _SET_LEARNED,
-    _SET_ERROR,
-) = (getattr(Verdict, f.name).__set__ for f in dataclasses.fields(Verdict))
+_STATE_FILL = filling_class(RouteState)
+_VERDICT_FILL = filling_class(Verdict)
+assert _STATE_FILL is not None and _VERDICT_FILL is not None
 
 
 def _accepted(
@@ -257,20 +257,22 @@ def _accepted(
     learned: Authorisation | None,
 ) -> Verdict:
     """`Verdict(OK, "accepted", route, adv, auth, RouteState(...), learned)`."""
-    state = _new(RouteState)
-    _SET_EPOCH(state, seq.epoch)
-    _SET_SEQUENCE(state, seq.sequence)
-    _SET_TIMESTAMP(state, timestamp_ms)
-    _SET_SIGNATURE(state, signature)
-    verdict = _new(Verdict)
-    _SET_REASON(verdict, Reason.OK)
-    _SET_DETAIL(verdict, "accepted")
-    _SET_ROUTE(verdict, route)
-    _SET_ADV(verdict, adv)
-    _SET_SIGNER(verdict, auth)
-    _SET_STATE(verdict, state)
-    _SET_LEARNED(verdict, learned)
-    _SET_ERROR(verdict, None)
+    state = _new(_STATE_FILL)
+    state.epoch = seq.epoch
+    state.sequence = seq.sequence
+    state.timestamp_ms = timestamp_ms
+    state.signature = signature
+    state.__class__ = RouteState
+    verdict = _new(_VERDICT_FILL)
+    verdict.reason = Reason.OK
+    verdict.detail = "accepted"
+    verdict.route = route
+    verdict.advertisement = adv
+    verdict.signer = auth
+    verdict.state = state
+    verdict.learned = learned
+    verdict.error = None
+    verdict.__class__ = Verdict
     return verdict
 
 
@@ -282,12 +284,17 @@ def check(
     window: ReplayWindow = ReplayWindow(),  # noqa: B008  # immutable
     policy: Policy = Policy(),  # immutable
     group_keys: GroupKeyring | None = None,
+    decoded: Advertisement | None = None,
 ) -> Verdict:
-    """Verify one received advertisement for its route; never raises for bad input."""
+    """Verify one received advertisement for its route; never raises for bad input.
+
+    `decoded`: `wire.decode(value)` when the caller has already decoded the value (a
+    daemon that decodes first to answer malformed attributes as RFC 7606 says); it is
+    then not decoded twice. Passing anything else is the caller's bug."""
     if isinstance(value, Advertisement):
         value = wire.encode(value)
     try:
-        return _verify(bytes(value), nlri, now_ms, trust, window, policy, group_keys)
+        return _verify(bytes(value), nlri, now_ms, trust, window, policy, group_keys, decoded)
     except BadSignatureError as exc:
         return Verdict(exc.why, str(exc), error=exc)
 
@@ -317,8 +324,9 @@ class Counters:
     def record(self, reason: Reason) -> Counters:
         counts = list(self.counts)
         counts[_INDEX[reason]] += 1
-        out = _new(Counters)
-        _SET_COUNTS(out, tuple(counts))
+        out = _new(_COUNTERS_FILL)
+        out.counts = tuple(counts)
+        out.__class__ = Counters
         return out
 
     def __getitem__(self, reason: Reason) -> int:
@@ -358,9 +366,16 @@ class Receiver:
         return _receiver(trust, window, self.policy, self.group_keys, counters)
 
     def receive(
-        self, value: bytes | Advertisement, nlri: IPNetwork, now_ms: int
+        self,
+        value: bytes | Advertisement,
+        nlri: IPNetwork,
+        now_ms: int,
+        decoded: Advertisement | None = None,
     ) -> tuple[Verdict, Receiver]:
-        verdict = check(value, nlri, now_ms, self.trust, self.window, self.policy, self.group_keys)
+        """`check` then `commit`; `decoded` as `check` takes it."""
+        verdict = check(
+            value, nlri, now_ms, self.trust, self.window, self.policy, self.group_keys, decoded
+        )
         return verdict, self.commit(verdict)
 
     def expire(self, now_ms: int) -> Receiver:
@@ -369,10 +384,9 @@ class Receiver:
         return Receiver(self.trust, window, self.policy, self.group_keys, self.counters)
 
 
-_SET_COUNTS = Counters.counts.__set__  # type: ignore[attr-defined]
-_SET_TRUST, _SET_WINDOW, _SET_POLICY, _SET_GROUP_KEYS, _SET_COUNTERS = (
-    getattr(Receiver, f.name).__set__ for f in dataclasses.fields(Receiver)
-)
+_RECEIVER_FILL = filling_class(Receiver)
+_COUNTERS_FILL = filling_class(Counters)
+assert _RECEIVER_FILL is not None and _COUNTERS_FILL is not None
 
 
 def _receiver(
@@ -383,10 +397,11 @@ def _receiver(
     counters: Counters,
 ) -> Receiver:
     """`Receiver(...)` from parts that are already valid (one per advertisement)."""
-    out = _new(Receiver)
-    _SET_TRUST(out, trust)
-    _SET_WINDOW(out, window)
-    _SET_POLICY(out, policy)
-    _SET_GROUP_KEYS(out, group_keys)
-    _SET_COUNTERS(out, counters)
+    out = _new(_RECEIVER_FILL)
+    out.trust = trust
+    out.window = window
+    out.policy = policy
+    out.group_keys = group_keys
+    out.counters = counters
+    out.__class__ = Receiver
     return out

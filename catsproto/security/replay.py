@@ -23,9 +23,11 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 
 from catsproto.security.signing import IPNetwork
+from catsproto.wire.compiled import filling_class
 from catsproto.wire.fields import IPAddress
 
 _BUCKETS = 64
+_new = object.__new__
 _EMPTY: Mapping[RouteKey, RouteState] = {}  # shared by every empty bucket, never written
 
 
@@ -39,14 +41,30 @@ class RouteKey:
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # ipaddress objects hash through hex(); a window lookup hashes the key often
-        object.__setattr__(self, "_hash", hash((self.cs_id, self.address, self.nlri)))
+        object.__setattr__(self, "_hash", _route_hash(self.cs_id, self.address, self.nlri))
 
     def __hash__(self) -> int:
         return self._hash
 
     def __str__(self) -> str:
         return f"cs {self.cs_id} {self.address} on {self.nlri}"
+
+
+def _route_hash(cs_id: int, address: IPAddress, nlri: IPNetwork) -> int:
+    # ipaddress objects hash through hex() and Python-level __hash__; their ints are
+    # as unique (equal keys still compare by their fields)
+    return hash((cs_id, int(address), int(nlri.network_address), nlri.prefixlen))
+
+
+def route_key(cs_id: int, address: IPAddress, nlri: IPNetwork) -> RouteKey:
+    """`RouteKey(cs_id, address, nlri)` for values that are already the right types."""
+    key = _new(_KEY_FILL)
+    key.cs_id = cs_id
+    key.address = address
+    key.nlri = nlri
+    key._hash = _route_hash(cs_id, address, nlri)
+    key.__class__ = RouteKey
+    return key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,9 +98,10 @@ class ReplayWindow:
         bucket[route] = state
         buckets = list(self._buckets)
         buckets[i] = bucket
-        out = _new(ReplayWindow)  # the fields are valid by construction: skip __init__
-        _SET_BUCKETS(out, tuple(buckets))
-        _SET_SIZE(out, self._size + (len(bucket) > len(old)))
+        out = _new(_WINDOW_FILL)  # the fields are valid by construction: skip __init__
+        out._buckets = tuple(buckets)
+        out._size = self._size + (len(bucket) > len(old))
+        out.__class__ = ReplayWindow
         return out
 
     def expire(self, now_ms: int, max_age_ms: int) -> ReplayWindow:
@@ -109,6 +128,6 @@ class ReplayWindow:
             yield from b.items()
 
 
-_new = object.__new__
-_SET_BUCKETS = ReplayWindow._buckets.__set__  # type: ignore[attr-defined]
-_SET_SIZE = ReplayWindow._size.__set__  # type: ignore[attr-defined]
+_KEY_FILL = filling_class(RouteKey)
+_WINDOW_FILL = filling_class(ReplayWindow)
+assert _KEY_FILL is not None and _WINDOW_FILL is not None
