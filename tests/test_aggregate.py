@@ -20,6 +20,11 @@ from catsproto.node.aggregate import (
     site_metrics,
     union_keys,
 )
+from catsproto.node.metrics import (
+    METRIC_OUTSTANDING_PREFILL_TOKENS,
+    METRIC_PREFILL_THROUGHPUT,
+    METRIC_RUNNING_REQUESTS,
+)
 from catsproto.security import Policy, Receiver, SigningKey, TrustStore, authorise, sign
 from catsproto.selector import RIB, Link, Network, PathSelector, Request, SelectorConfig
 from catsproto.wire import Source, Statistic, Tier
@@ -75,6 +80,15 @@ def test_metrics_are_aggregated_per_cats_framework() -> None:
     assert all(x.source is Source.AGGREGATED for x in m.l0.metrics)
     ttft = {x.statistic: x.value for x in m.l0.metrics if x.metric_type == 7}
     assert ttft == {Statistic.MEAN: 500.0, Statistic.MIN: 0.0}
+    # a request's prefill runs on one instance: rate and backlog per instance (MEAN),
+    # whose quotient is still the pooled wait
+    by_type = {x.metric_type: x for x in m.l0.metrics if x.metric_type != 7}
+    rate, backlog = by_type[METRIC_PREFILL_THROUGHPUT], by_type[METRIC_OUTSTANDING_PREFILL_TOKENS]
+    assert (rate.value, rate.statistic) == (20_000.0, Statistic.MEAN)
+    assert (backlog.value, backlog.statistic) == (10_000.0, Statistic.MEAN)
+    assert backlog.value / rate.value * 1000 == pooled.wait_ms
+    running = by_type[METRIC_RUNNING_REQUESTS]
+    assert (running.value, running.statistic) == (1.0, Statistic.CURRENT)  # counts summed
     # L1/L2 per site, from the pooled state: service = round(10 * 1000 / 1500) = 7
     assert {s.category.name: s.score for s in m.l1.scores}["SERVICE"] == 7
     assert m.l2.score == min(s.score for s in m.l1.scores)
@@ -139,7 +153,8 @@ def test_site_advertisement_through_codec_signature_and_rib() -> None:
     site = table.live()[0]
     union = union_keys(members, Tier.HBM)
     assert site.lookup(union).all()  # no false negatives over the union
-    assert site.prefill_tps == 80_000 and site.backlog_tokens == 6_000
+    # priced as one instance: its rate, and the backlog that gives the pooled wait at it
+    assert site.prefill_tps == 20_000 and site.backlog_tokens == 1_500
     # one site summary is smaller than the four instances' summaries together
     per_instance = 0
     for i, m in enumerate(members):

@@ -17,12 +17,15 @@ What the site advertisement says:
   positive rate is the target's, not the sum of n filters' rates. The summaries go
   through the same `AdvertisementBuilder` as an instance's (dampening, snapshots and
   cumulative deltas, shards that fit one UPDATE) over a mirror `TieredCache` of the union.
-* **CATS metrics** (CATS metric framework, L0/L1/L2): L0 values are the site's — counts,
-  backlogs and prefill rates summed, utilisations averaged — each with
-  ``Source.AGGREGATED``; the estimated TTFT is the pooled wait (Σ outstanding prefill
-  tokens ÷ Σ prefill rate, statistic MEAN) next to the best instance's (statistic MIN).
-  L1 and L2 are computed from the pooled state with the instance formulas
-  (`catsproto.node.metrics`), so one site reads like one large instance.
+* **CATS metrics** (CATS metric framework, L0/L1/L2): L0 values are the site's, each with
+  ``Source.AGGREGATED``: request counts summed, utilisations averaged; the estimated
+  TTFT is the pooled wait (Σ outstanding prefill tokens ÷ Σ prefill rate, statistic
+  MEAN) next to the best instance's (statistic MIN). Prefill throughput and outstanding
+  prefill tokens are *per instance* (statistic MEAN): a request's prefill runs on one
+  instance at one instance's rate, so a remote selector that prices it as backlog ÷ rate
+  + work ÷ rate must get that rate (the site's sum would make a 100-instance site look
+  100× faster at prefill) and a backlog that gives the pooled wait at it. L1 and L2 are
+  computed from the pooled state with the instance formulas (`catsproto.node.metrics`).
 * **capacity**: Σ free blocks and Σ total blocks of the instances.
 
 Pure: the clock, epoch and seeds come in; signing (`catsproto.security.sign` with the
@@ -129,11 +132,15 @@ def pooled_state(states: Sequence[ComputeState]) -> ComputeState:
 
 
 def site_metrics(states: Sequence[ComputeState], scale: ScoreScale | None = None) -> CatsMetrics:
-    """L0 values of the site (Source.AGGREGATED) and L1/L2 scores of its pooled state."""
+    """L0 values of the site (Source.AGGREGATED; rate and backlog per instance) and L1/L2
+    scores of its pooled state."""
     pooled = pooled_state(states)
     scores = cats_metrics(pooled, scale)
     cur, mean, agg = Statistic.CURRENT, Statistic.MEAN, Source.AGGREGATED
     best_wait = min(s.wait_ms for s in states)
+    n = len(states)
+    # per instance: backlog / rate is the pooled wait, work / rate one instance's prefill
+    rate, backlog = pooled.prefill_rate_tps / n, pooled.outstanding_prefill_tokens / n
     l0 = MetricsL0(
         (
             L0Metric(
@@ -141,13 +148,7 @@ def site_metrics(states: Sequence[ComputeState], scale: ScoreScale | None = None
             ),
             L0Metric(METRIC_RUNNING_REQUESTS, Unit.COUNT, cur, agg, float(pooled.running)),
             L0Metric(METRIC_WAITING_REQUESTS, Unit.COUNT, cur, agg, float(pooled.waiting)),
-            L0Metric(
-                METRIC_PREFILL_THROUGHPUT,
-                Unit.TOKENS_PER_SECOND,
-                cur,
-                agg,
-                float(pooled.prefill_rate_tps),
-            ),
+            L0Metric(METRIC_PREFILL_THROUGHPUT, Unit.TOKENS_PER_SECOND, mean, agg, float(rate)),
             L0Metric(
                 METRIC_KV_CACHE_UTILIZATION,
                 Unit.PERCENT,
@@ -157,13 +158,7 @@ def site_metrics(states: Sequence[ComputeState], scale: ScoreScale | None = None
             ),
             L0Metric(METRIC_TTFT, Unit.MILLISECONDS, mean, agg, float(pooled.wait_ms)),
             L0Metric(METRIC_TTFT, Unit.MILLISECONDS, Statistic.MIN, agg, float(best_wait)),
-            L0Metric(
-                METRIC_OUTSTANDING_PREFILL_TOKENS,
-                Unit.COUNT,
-                cur,
-                agg,
-                float(pooled.outstanding_prefill_tokens),
-            ),
+            L0Metric(METRIC_OUTSTANDING_PREFILL_TOKENS, Unit.COUNT, mean, agg, float(backlog)),
         )
     )
     return CatsMetrics(l0, scores.l1, scores.l2)
