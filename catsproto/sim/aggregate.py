@@ -1,23 +1,38 @@
 """Aggregated remote state: per-instance advertisements inside a site, one site
-advertisement beyond it, and a two-level decision.
+advertisement beyond it, on the two-level decision of `sim.hierarchy`.
 
-Strategy. `AggregatedControlPlane` is the ordinary control plane (`sim.control`) with a
-different export policy: each instance's routes reach only the C-PS of its own site,
-while each site's egress runs a `catsproto.node.aggregate.SiteAggregator` over its
-instances' caches and compute states, signs the site routes with the site's key, and
-those reach every *other* site's C-PS (after the same propagation delay). So the C-PS at
-ingress X holds per-instance state for X's instances and one origin per remote site.
+Strategy. S1's `catsproto` already decides in two levels: the ingress's C-PS picks the
+*site* and that site's own C-PS the instance. So beyond a site an ingress needs only
+"which site holds this prefix, how busy is it", which one site advertisement can say.
+`AggregatedControlPlane` is `HierarchicalControlPlane` with another export policy:
 
-`AggregatedPolicy` decides at the ingress's C-PS as `catsproto` does; if the winner is a
-remote site's egress, the request is handed to that site's own selector, which holds its
-instances' full state (a local RIB fed by the same instance routes) and picks the
-instance. Handed-over decisions carry no claimed prefix (-1) into the engine's stale /
-false-positive accounting, which compares against the ingress selector's views.
+- each instance's routes reach only the C-PSs of its own site (the ingress C-PS there
+  and the site C-PS, as before); they never cross the site border;
+- each site's egress runs a `catsproto.node.aggregate.SiteAggregator` over its
+  instances' caches and compute states (the union of their keys, or the keys held by
+  ``min_holders`` of them; rate and backlog per instance), signs the site routes with
+  the site's key, and those reach every *other* site's ingress C-PS after the same
+  propagation delay, with the site's own dampening (``interval_ms``, ``target_fpr``).
 
-Policies, added to `sim.POLICIES` only by an explicit `register()`: ``catsproto-agg``
-(the site advertises at the instances' update interval) and ``catsproto-agg10``
-(at 10 s, closest to the traffic target in benchmarks/scale.py). Nothing registers
-them by default, so `catsproto eval`'s policy list and its runs are unchanged.
+So the C-PS at ingress X holds per-instance state for X's instances and one origin per
+remote site. `AggregatedPolicy` is `HierarchicalPolicy` unchanged: its ingress decision
+names either a home instance or a remote site's egress, and either way only the site is
+kept; the site's C-PS (full per-instance state) places the request, with the same
+bounce and sticky rules. A site egress's address resolves to its site through
+``_index`` (mapped to the site's first instance, which `HierarchicalPolicy.choose`
+only uses to read the site).
+
+Bytes: ``stats.bytes`` counts every signed route announced (instance routes kept inside
+plus site routes), ``beyond_site_bytes`` only the site routes, which are what crosses a
+site border; `sim.engine` reports it as ``adv_beyond_site_bytes`` (for per-instance
+catsproto every route crosses, so it equals ``adv_bytes``).
+
+Policies, added to `sim.POLICIES` only by an explicit `register()` (the default
+`catsproto eval` list and runs are unchanged): ``catsproto-agg`` (the site advertises
+at the instances' interval and FPR), ``catsproto-agg10`` and ``catsproto-agg20`` (10 s
+and 20 s site interval), ``catsproto-agg10f5`` (10 s, 5 % FPR) and ``catsproto-agg10h2``
+(10 s, only keys at least two instances hold). `benchmarks/scale.py --quality` runs
+them against catsproto on the whole trace.
 """
 
 from __future__ import annotations
@@ -26,25 +41,30 @@ import heapq
 import ipaddress
 from dataclasses import dataclass
 
-import numpy as np
-
 from catsproto import wire
 from catsproto.node import DampeningPolicy, TierSpec
 from catsproto.node.aggregate import SiteAggregator, SiteMember
 from catsproto.security import Policy as SecurityPolicy
 from catsproto.security import Receiver, SigningKey, sign
-from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
 from catsproto.sim.cluster import Cluster, ceil_ms
-from catsproto.sim.control import CS_ID, ControlPlane, _seed, enrol
-from catsproto.sim.policies import POLICIES, CatsprotoPolicy, Choice
+from catsproto.sim.control import _seed, enrol
+from catsproto.sim.hierarchy import HierarchicalControlPlane, HierarchicalPolicy
+from catsproto.sim.policies import POLICIES
 from catsproto.sim.trace import PreparedTrace
 
-__all__ = ["AggregateOptions", "AggregatedControlPlane", "AggregatedPolicy", "register"]
+__all__ = [
+    "AGGREGATED_POLICIES",
+    "AggregateOptions",
+    "AggregatedControlPlane",
+    "AggregatedPolicy",
+    "register",
+    "unregister",
+]
 
 
 @dataclass(frozen=True)
 class AggregateOptions:
-    """The egress's aggregation: None takes the scenario's value."""
+    """The egress's aggregation beyond the site: None takes the scenario's value."""
 
     interval_ms: int | None = None
     target_fpr: float | None = None
@@ -59,14 +79,15 @@ def site_shards(s: int) -> str:
     return f"10.254.{s}.0/24"
 
 
-class AggregatedControlPlane(ControlPlane):
+class AggregatedControlPlane(HierarchicalControlPlane):
+    """Instance routes stay in their site; site aggregates go to the other sites."""
+
     def __init__(
         self, sc, cluster: Cluster, *, exact: bool = False, options: AggregateOptions | None = None
     ) -> None:
-        if sc.selector_site is not None:
-            raise ValueError("aggregated remote state needs a C-PS at every ingress site")
         super().__init__(sc, cluster, exact=exact)
         opts = options or AggregateOptions()
+        self.options = opts
         operator = SigningKey.from_seed(_seed(sc.seed, "operator"))
         self.site_keys: list[SigningKey] = []
         self.aggregators: list[SiteAggregator] = []
@@ -81,13 +102,12 @@ class AggregatedControlPlane(ControlPlane):
         )
         for s in range(len(sc.sites)):
             key = SigningKey.from_seed(_seed(sc.seed, f"site-{s}"))
-            address = site_address(s)
             trust, cfg = enrol(
                 sc,
                 trust,
                 operator,
                 key,
-                address,
+                site_address(s),
                 s,
                 site_shards(s),
                 dampening,
@@ -109,147 +129,95 @@ class AggregatedControlPlane(ControlPlane):
             )
         self.receivers = [Receiver(trust, policy=SecurityPolicy()) for _ in self.receivers]
         self.site_index = {ipaddress.ip_address(site_address(s)): s for s in range(len(sc.sites))}
-        # each site's own selector: its instances only, full per-instance state
-        self.local_ribs = [RIB() for _ in sc.sites]
-        network = self.selectors[0].network
-        self.local_selectors = [
-            PathSelector(
-                self.local_ribs[s],
-                network,
-                SelectorConfig(
-                    site_nodes={s + 1: name},
-                    request_bytes_per_token=sc.request_bytes_per_token,
-                    allow_remote_kv=False,  # the engine is given no source on a handover
-                    default_block_size=sc.block_tokens,
-                    spread_ms=sc.selector_spread_ms,
-                    seed=sc.seed * 1000 + 500 + s,
-                ),
-            )
-            for s, name in enumerate(sc.sites)
-        ]
-        self.site_stats = {"advertisements": 0, "bytes": 0}
+        self.beyond_site_advertisements = 0
+        self.beyond_site_bytes = 0
 
     def poll(self, t: int, *, force: bool = False) -> None:
-        """Instances as in `ControlPlane.poll`, but to their own site's C-PS only; then
-        every site egress aggregates and announces to the other sites' C-PS."""
+        """Instances as in `ControlPlane.poll`, their routes kept to their own site's
+        C-PS; then every site egress aggregates and announces to the other sites."""
+        before = self._counter
+        super().poll(t, force=force)
+        if self._counter != before:  # export policy: instance routes do not leave the site
+            site_of = self.sc.site_of
+            kept = [e for e in self._heap if e[3] < 0 or site_of(e[3]) == e[2]]
+            if len(kept) != len(self._heap):
+                heapq.heapify(kept)
+                self._heap = kept
+        self._poll_sites(t, force)
+
+    def _poll_sites(self, t: int, force: bool) -> None:
         sc, cl = self.sc, self.cluster
-        for i, builder in enumerate(self.builders):
-            state = self.compute_state(i, t)
-            self._polled[i] = state
-            self.stats.polls += 1
-            routes = builder.poll(t, state, force=force)
-            if not routes:
-                continue
-            self.stats.builds += 1
-            cache = cl.caches[i]
-            snapshot = frozenset().union(*(cache.keys(tier).tolist() for tier in cache.order))
-            s = sc.site_of(i)
-            for route in routes:
-                value = wire.encode(sign(route.advertisement, self.keys[i], route.prefix))
-                self.stats.advertisements += 1
-                self.stats.bytes += len(value)
-                self._push(t + self._delay[s][s], s, i, route.prefix, value, snapshot)
+        per = sc.instances_per_site
         for s, agg in enumerate(self.aggregators):
             members = [
-                SiteMember.from_cache(cl.caches[i], self._polled[i] or self.compute_state(i, t))
-                for i in range(s * sc.instances_per_site, (s + 1) * sc.instances_per_site)
+                SiteMember.from_cache(cl.caches[i], self.compute_state(i, t))
+                for i in range(s * per, (s + 1) * per)
             ]
-            routes = agg.poll(t, members, force=force)
-            for route in routes:
+            for route in agg.poll(t, members, force=force):
                 value = wire.encode(sign(route.advertisement, self.site_keys[s], route.prefix))
                 self.stats.advertisements += 1
                 self.stats.bytes += len(value)
-                self.site_stats["advertisements"] += 1
-                self.site_stats["bytes"] += len(value)
-                for x in range(len(sc.sites)):
+                self.beyond_site_advertisements += 1
+                self.beyond_site_bytes += len(value)
+                for x in range(len(self.selectors)):
                     if x != s:
-                        self._push(t + self._delay[s][x], x, -1 - s, route.prefix, value, None)
+                        self._counter += 1
+                        at = ceil_ms(t + self._delay[s][x])
+                        entry = (at, self._counter, x, -1 - s, route.prefix, value, None)
+                        heapq.heappush(self._heap, entry)
 
-    def _push(self, at: float, x: int, i: int, prefix: object, value: bytes, snap) -> None:
-        self._counter += 1
-        heapq.heappush(self._heap, (ceil_ms(at), self._counter, x, i, prefix, value, snap))
-
-    def deliver(self, t: int) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= t:
-            at, _, x, i, prefix, value, snapshot = heapq.heappop(heap)
-            self.stats.deliveries += 1
-            verdict = self.receivers[x].check(value, prefix, at)
-            self.stats.full_checks += 1
-            self.receivers[x] = self.receivers[x].commit(verdict)
-            if not verdict.ok or verdict.advertisement is None:
-                reason = verdict.reason.value
-                self.stats.refused[reason] = self.stats.refused.get(reason, 0) + 1
-                continue
-            self.stats.accepted += 1
-            self.ribs[x].accept(verdict.advertisement, at)
-            if i >= 0:  # an instance route of site x: also its site's own selector
-                self.local_ribs[x].accept(verdict.advertisement, at)
-                if snapshot is not None:
-                    self.views[x][i] = snapshot
+    def _accepted(self, x: int, i: int, adv: wire.Advertisement, at: int) -> None:
+        if i >= 0:  # a site aggregate (i < 0) feeds only the ingress C-PS
+            super()._accepted(x, i, adv, at)
 
 
-class AggregatedPolicy(CatsprotoPolicy):
-    """catsproto with per-instance state at home and site aggregates from elsewhere."""
+class AggregatedPolicy(HierarchicalPolicy):
+    """S1's two-level catsproto with site aggregates as the only remote state."""
 
     name = "catsproto-agg"
     options = AggregateOptions()
 
-    def __init__(self, cluster: Cluster, trace: PreparedTrace, seed: int) -> None:
-        super().__init__(cluster, trace, seed)
-        self.control = AggregatedControlPlane(cluster.sc, cluster, options=self.options)
+    def __init__(
+        self, cluster: Cluster, trace: PreparedTrace, seed: int, *, exact: bool = False
+    ) -> None:
+        super().__init__(cluster, trace, seed, exact=exact)
+        sc = cluster.sc
+        self.control = AggregatedControlPlane(sc, cluster, exact=exact, options=self.options)
         if len(trace):
             self.control.start(int(trace.arrival_ms[0]))
-        self._index = {ipaddress.ip_address(a): i for a, i in self.control.address_index.items()}
-        self.handovers = 0
-
-    def choose(self, r: int, t: int) -> Choice:
-        control = self.control
-        assert isinstance(control, AggregatedControlPlane)
-        x = int(self.trace.ingress[r])
-        req = self.trace.requests[r]
-        request = Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[x])
-        try:
-            decision = control.selectors[x].decide(request, t)
-        except NoInstanceError:
-            self.fallbacks += 1
-            cl = self.cluster
-            here = np.nonzero(cl.site == x)[0]
-            return Choice(self._least(t, here, cl.waits(t)[here]), fallback=True)
-        self.last_decision = decision
-        address = decision.chosen.address
-        site = control.site_index.get(address)
-        if site is not None:  # a remote site: its own selector picks the instance
-            return self._site_choice(site, r, t)
-        return Choice(self._index[address], None, decision.chosen.cached_blocks)
-
-    def _site_choice(self, s: int, r: int, t: int) -> Choice:
-        control = self.control
-        assert isinstance(control, AggregatedControlPlane)
-        req = self.trace.requests[r]
-        request = Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[s])
-        self.handovers += 1
-        try:
-            d = control.local_selectors[s].decide(request, t)
-        except NoInstanceError:
-            cl = self.cluster
-            here = np.nonzero(cl.site == s)[0]
-            return Choice(self._least(t, here, cl.waits(t)[here]), fallback=True)
-        return Choice(self._index[d.chosen.address], None, -1)
+        # a site egress's address names its site (through its first instance)
+        for address, s in self.control.site_index.items():
+            self._index[address] = s * sc.instances_per_site
 
 
-class AggregatedPolicy10(AggregatedPolicy):
-    name = "catsproto-agg10"
-    options = AggregateOptions(interval_ms=10_000)
+def _variant(name: str, options: AggregateOptions) -> type[AggregatedPolicy]:
+    return type(
+        f"AggregatedPolicy_{name.rsplit('-', 1)[-1]}",
+        (AggregatedPolicy,),
+        {"name": name, "options": options, "__doc__": f"{AggregatedPolicy.__doc__} {options}"},
+    )
+
+
+AGGREGATED_POLICIES: dict[str, type[AggregatedPolicy]] = {
+    AggregatedPolicy.name: AggregatedPolicy,
+    "catsproto-agg10": _variant("catsproto-agg10", AggregateOptions(interval_ms=10_000)),
+    "catsproto-agg20": _variant("catsproto-agg20", AggregateOptions(interval_ms=20_000)),
+    "catsproto-agg10f5": _variant(
+        "catsproto-agg10f5", AggregateOptions(interval_ms=10_000, target_fpr=0.05)
+    ),
+    "catsproto-agg10h2": _variant(
+        "catsproto-agg10h2", AggregateOptions(interval_ms=10_000, min_holders=2)
+    ),
+}
 
 
 def register() -> None:
     """Add the aggregated policies to `sim.POLICIES` (idempotent)."""
-    POLICIES.setdefault(AggregatedPolicy.name, AggregatedPolicy)
-    POLICIES.setdefault(AggregatedPolicy10.name, AggregatedPolicy10)
+    for name, cls in AGGREGATED_POLICIES.items():
+        POLICIES.setdefault(name, cls)
 
 
 def unregister() -> None:
     """Take them out again (tests that must leave the default policy list as it was)."""
-    for name in (AggregatedPolicy.name, AggregatedPolicy10.name):
+    for name in AGGREGATED_POLICIES:
         POLICIES.pop(name, None)

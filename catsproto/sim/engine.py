@@ -86,6 +86,8 @@ class RunResult:
                 adv_bytes=adv_bytes,
                 adv_bytes_per_s=adv_bytes / self.duration_s if self.duration_s else 0.0,
                 advertisements=self.control.get("advertisements", 0),
+                # what crosses a site border (aggregated policies: the site routes only)
+                adv_beyond_site_bytes=self.control.get("beyond_site_bytes", adv_bytes),
                 stale_hits=self.stale_hits,
                 stale_blocks=self.stale_blocks,
                 false_positive_hits=self.false_positive_hits,
@@ -188,6 +190,7 @@ def run_policy(
         out.control = {
             "advertisements": st.advertisements,
             "bytes": st.bytes,
+            "beyond_site_bytes": getattr(policy.control, "beyond_site_bytes", st.bytes),
             "deliveries": st.deliveries,
             "accepted": st.accepted,
             "refused": dict(st.refused),
