@@ -2,6 +2,8 @@
 
     python benchmarks/scale.py [--sites 10 100 1000 10000] [--per-instance-max 1000]
                                [--instances 100] [--window-s 60] [--plots docs/scale]
+                               [--dampening builder|s1] [--site-interval-ms 10000] ...
+    python benchmarks/scale.py --quality [POLICY ...] [--speedups 1 4] [--limit N]
 
 Two parts, both through the real node builder, summaries, codec and selector RIB:
 
@@ -20,6 +22,15 @@ Two parts, both through the real node builder, summaries, codec and selector RIB
    (building 100,000 distinct filters would take minutes; each origin still decodes and
    holds its own copy). Configurations above the limits are extrapolated linearly from
    the measured ones and flagged "model".
+
+Whole UPDATE messages are counted beside the attribute values (`update_bytes`): what a
+session across the site border carries per announcement. ``--dampening s1`` gives the
+instances and the site egress S1's dampening, so the traffic ratio is measured with the
+setting `--quality` (3.) steers with.
+
+3. **Steering quality** (`--quality`): `catsproto eval`'s engine on S1 as shipped, the
+   whole Mooncake trace at speedups 1 and 4, catsproto against `catsproto-agg*`
+   (`catsproto.sim.aggregate`): hit rate, TTFT and beyond-the-site bytes.
 
 Prints one JSON document.
 """
@@ -53,6 +64,8 @@ from catsproto.security import Policy, Receiver, SigningKey, TrustStore, authori
 from catsproto.selector import RIB, Network, Path, PathSelector, Request, SelectorConfig
 from catsproto.selector.fleet import FleetProbe
 from catsproto.wire import Origin, Tier
+from catsproto.wire.attribute import encode_attribute
+from catsproto.wire.bgp import build_update
 
 TRACE = find_trace()
 HBM_BLOCKS = 1000
@@ -90,7 +103,69 @@ def salted(keys: np.ndarray, salt: int) -> np.ndarray:
 # ---- part 1: churn of one site ---------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Advertising:
+    """How origins dampen: ``builder`` = the builder's defaults (5 % key change, score and
+    100 ms wait triggers, 30 s refresh); ``s1`` = what S1 ships (`sim/scenarios/s1.toml`:
+    15 % key change, no score trigger, 500 ms wait error, 60 s refresh, summary changes on
+    shard routes only, no hot prefixes), so the traffic figure and `--quality` share it."""
+
+    name: str = "builder"
+    min_interval_ms: int = 1000
+    max_interval_ms: int = 30_000
+    change_threshold: float = 0.05
+    score_threshold: int = 1
+    wait_threshold_ms: float = 100.0
+    main_on_summary_change: bool = True
+    hot_prefixes: int = 8
+    target_fpr: float = 0.01
+
+    @classmethod
+    def named(cls, name: str) -> Advertising:
+        if name == "builder":
+            return cls()
+        if name == "s1":
+            from catsproto.adapters.trace import load_scenario
+            from catsproto.sim import Scenario
+
+            sc = Scenario.from_mapping(load_scenario("s1"))
+            return cls(
+                "s1",
+                sc.update_interval_ms,
+                sc.refresh_interval_ms,
+                sc.change_threshold,
+                sc.score_threshold,
+                sc.wait_threshold_ms,
+                sc.main_on_summary_change,
+                sc.hot_prefixes,
+                sc.target_fpr,
+            )
+        raise ValueError(f"unknown dampening {name!r} (builder, s1)")
+
+    def dampening(self, min_interval_ms: int | None = None) -> DampeningPolicy:
+        low = self.min_interval_ms if min_interval_ms is None else min_interval_ms
+        return DampeningPolicy(
+            min_interval_ms=low,
+            max_interval_ms=max(low, self.max_interval_ms),
+            change_threshold=self.change_threshold,
+            score_threshold=self.score_threshold,
+            wait_threshold_ms=self.wait_threshold_ms,
+        )
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    """How the egress aggregates: min update interval, target FPR, holder threshold, and
+    the dampening (thresholds and refresh) it shares with the instances."""
+
+    interval_ms: int = 1000
+    fpr: float = 0.01
+    min_holders: int = 1
+    advertising: Advertising = Advertising()
+
+
 def site_config(shard_range: str, address: str, site: SiteOptions) -> BuilderConfig:
+    adv = site.advertising
     return BuilderConfig(
         cs_id=CS_ID,
         address=address,
@@ -100,17 +175,21 @@ def site_config(shard_range: str, address: str, site: SiteOptions) -> BuilderCon
         site_id=1,
         shard_range=shard_range,
         target_fpr=site.fpr,
-        dampening=DampeningPolicy(min_interval_ms=site.interval_ms, max_interval_ms=30_000),
+        hot_prefixes=adv.hot_prefixes,
+        main_on_summary_change=adv.main_on_summary_change,
+        dampening=adv.dampening(site.interval_ms),
     )
 
 
-@dataclass(frozen=True)
-class SiteOptions:
-    """How the egress aggregates: min update interval, target FPR, holder threshold."""
+NEXT_HOP = ipaddress.IPv4Address("10.1.255.254")
 
-    interval_ms: int = 1000
-    fpr: float = 0.01
-    min_holders: int = 1
+
+def update_bytes(prefix: object, value: bytes) -> int:
+    """Bytes of the whole eBGP UPDATE carrying one route with this attribute value (BGP
+    header, ORIGIN, a one-AS AS_PATH, NEXT_HOP, the attribute, the NLRI): what one
+    announcement costs on a session that crosses the site border."""
+    assert isinstance(prefix, ipaddress.IPv4Network)
+    return len(build_update([prefix], NEXT_HOP, [encode_attribute(value)], as_path=(65001,)))
 
 
 def churn_site(
@@ -126,6 +205,7 @@ def churn_site(
     caches = [TieredCache([spec]) for _ in range(instances)]
     builders = []
     key = SigningKey.from_seed(b"k" * 32)
+    adv = site.advertising
     for j in range(instances):
         cfg = BuilderConfig(
             cs_id=CS_ID,
@@ -135,6 +215,10 @@ def churn_site(
             bytes_per_block=0,
             site_id=1,
             shard_range=f"10.200.{j}.0/24",
+            target_fpr=adv.target_fpr,
+            hot_prefixes=adv.hot_prefixes,
+            main_on_summary_change=adv.main_on_summary_change,
+            dampening=adv.dampening(),
         )
         builders.append(AdvertisementBuilder(cfg, caches[j], epoch=1))
     agg = SiteAggregator(
@@ -149,7 +233,8 @@ def churn_site(
     busy_until = [0.0] * instances
     period_ms = float(times[-1] - times[0]) if n > 1 else 1.0
     warmup_s = 30
-    acc = {"inst_bytes": 0, "inst_routes": 0, "site_bytes": 0, "site_routes": 0}
+    acc = dict.fromkeys(("inst_bytes", "inst_routes", "inst_msg", "site_bytes", "site_routes"), 0)
+    acc["site_msg"] = 0
     origin_updates = {"inst": 0, "site": 0}
     inst_samples: list[int] = []
     site_samples: list[int] = []
@@ -186,19 +271,23 @@ def churn_site(
             if routes and second >= warmup_s:
                 origin_updates["inst"] += 1
             for route in routes:
-                b = len(wire.encode(sign(route.advertisement, key, route.prefix)))
+                value = wire.encode(sign(route.advertisement, key, route.prefix))
+                b = len(value)
                 if second >= warmup_s:
                     acc["inst_bytes"] += b
                     acc["inst_routes"] += 1
+                    acc["inst_msg"] += update_bytes(route.prefix, value)
                     inst_samples.append(b)
         site_routes = agg.poll(now, members)
         if site_routes and second >= warmup_s:
             origin_updates["site"] += 1
         for route in site_routes:
-            b = len(wire.encode(sign(route.advertisement, key, route.prefix)))
+            value = wire.encode(sign(route.advertisement, key, route.prefix))
+            b = len(value)
             if second >= warmup_s:
                 acc["site_bytes"] += b
                 acc["site_routes"] += 1
+                acc["site_msg"] += update_bytes(route.prefix, value)
                 site_samples.append(b)
     elapsed = time.perf_counter() - t_build
     union = len(agg._held[Tier.HBM])
@@ -214,6 +303,7 @@ def churn_site(
             "bytes_per_update": acc["inst_bytes"] / max(1, acc["inst_routes"]),
             "routes": sum(len(b.routes()) for b in builders),
             "origin_updates_per_s": origin_updates["inst"] / window_s,
+            "update_message_bytes_per_s": acc["inst_msg"] / window_s,
         },
         "aggregated": {
             "bytes_per_s": acc["site_bytes"] / window_s,
@@ -221,11 +311,14 @@ def churn_site(
             "bytes_per_update": acc["site_bytes"] / max(1, acc["site_routes"]),
             "routes": len(agg.routes()),
             "origin_updates_per_s": origin_updates["site"] / window_s,
+            "update_message_bytes_per_s": acc["site_msg"] / window_s,
         },
         "keys_held_sum": held,
         "union_keys": union,
         "union_over_sum": union / max(1, held),
+        # attribute values (as before), and whole UPDATE messages (what a session carries)
         "traffic_ratio": acc["site_bytes"] / max(1, acc["inst_bytes"]),
+        "traffic_ratio_messages": acc["site_msg"] / max(1, acc["inst_msg"]),
         "run_s": elapsed,
         "_caches": caches,
         "_states": states,
@@ -430,12 +523,14 @@ def fit_linear(points: list[tuple[float, float]], x: float) -> float:
 
 def run(args: argparse.Namespace) -> dict:
     times, keys, lengths = load_trace(FilePath(args.trace))
-    site = SiteOptions(args.site_interval_ms, args.site_fpr, args.min_holders)
+    advertising = Advertising.named(args.dampening)
+    site = SiteOptions(args.site_interval_ms, args.site_fpr, args.min_holders, advertising)
     churn = churn_site(times, keys, lengths, args.instances, args.window_s, site)
     churn["site_options"] = {
         "interval_ms": site.interval_ms,
         "target_fpr": site.fpr,
         "min_holders": site.min_holders,
+        "dampening": advertising.name,
     }
     caches, states = churn.pop("_caches"), churn.pop("_states")
     if args.churn_only:
@@ -582,6 +677,53 @@ def plots(result: dict, folder: FilePath) -> None:
     plt.close(fig)
 
 
+# ---- steering quality with aggregated remote state (S1, `catsproto.sim`) ---------------
+
+
+def quality(policies: list[str], speedups: list[float], limit: int | None) -> dict:
+    """catsproto (per-instance state everywhere) against the aggregated policies on S1 as
+    shipped, the whole trace unless `limit`: hit rate, TTFT, and advertisement bytes in
+    all and across site borders, with each policy's hit rate relative to catsproto's."""
+    from catsproto.adapters.trace import load_scenario, read_trace
+    from catsproto.keys import BlockKeyer
+    from catsproto.sim import PreparedTrace, Scenario, run_policy
+    from catsproto.sim.aggregate import register
+
+    register()
+    requests = read_trace(TRACE, limit=limit)
+    rows = []
+    for speedup in speedups:
+        raw = load_scenario("s1")
+        raw["speedup"] = speedup
+        sc = Scenario.from_mapping(raw)
+        keyer = BlockKeyer(sc.secret, sc.model_id, sc.block_tokens)
+        tr = PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
+        base = None
+        for name in ["catsproto", *[p for p in policies if p != "catsproto"]]:
+            t0 = time.perf_counter()
+            out = run_policy(name, tr, sc, seed=1).summary()
+            row = {
+                k: out[k]
+                for k in (
+                    "policy", "speedup", "requests", "hit_rate", "ttft_mean_ms", "ttft_p50_ms",
+                    "ttft_p99_ms", "rtt_mean_ms", "wait_mean_ms", "adv_bytes", "adv_bytes_per_s",
+                    "adv_beyond_site_bytes", "advertisements", "refused",
+                )
+            }  # fmt: skip
+            row["adv_beyond_site_bytes_per_s"] = out["adv_beyond_site_bytes"] / out["duration_s"]
+            row["run_s"] = time.perf_counter() - t0
+            if base is None:
+                base = row
+            row["hit_rate_vs_catsproto"] = row["hit_rate"] / base["hit_rate"] - 1
+            row["ttft_mean_vs_catsproto"] = row["ttft_mean_ms"] / base["ttft_mean_ms"] - 1
+            row["beyond_site_bytes_vs_catsproto"] = (
+                row["adv_beyond_site_bytes"] / base["adv_beyond_site_bytes"]
+            )
+            rows.append(row)
+            print(json.dumps(row, default=float), file=sys.stderr)
+    return {"quality_s1": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=str(TRACE))
@@ -598,8 +740,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--site-fpr", type=float, default=0.01, help="aggregate summary target FPR")
     p.add_argument("--min-holders", type=int, default=1, help="advertise keys held this often")
     p.add_argument("--churn-only", action="store_true", help="part 1 only")
+    p.add_argument(
+        "--dampening", default="builder", choices=("builder", "s1"), help="origins' dampening"
+    )
+    p.add_argument(
+        "--quality",
+        nargs="*",
+        metavar="POLICY",
+        help="instead: S1 steering quality, catsproto vs these (default all catsproto-agg*)",
+    )
+    p.add_argument("--speedups", nargs="+", type=float, default=[1.0, 4.0], help="--quality")
+    p.add_argument("--limit", type=int, help="--quality: first N requests (default all)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
+    if args.quality is not None:
+        from catsproto.sim.aggregate import AGGREGATED_POLICIES
+
+        names = args.quality or list(AGGREGATED_POLICIES)
+        result = quality(names, args.speedups, args.limit)
+        result["run_s"] = time.perf_counter() - t0
+        print(json.dumps(result, indent=2, default=float))
+        return 0
     result = run(args)
     if result["rows"]:
         result["targets_1000x100"] = targets(result)
