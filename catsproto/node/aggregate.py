@@ -220,6 +220,14 @@ class SiteAggregator:
             changed += len(added) + len(removed)
         return changed
 
+    def suppressed(self, now_ms: int) -> bool:
+        """True while the minimum interval since the last site advertisement runs: nothing
+        can leave, so the union need not be recomputed (the mirror counts net changes,
+        so syncing once when the interval ends gives the same state and the same count)."""
+        d = self.builder.dampener
+        last = d.last_sent_ms
+        return last is not None and now_ms - last < d.policy.min_interval_ms
+
     def poll(
         self, now_ms: int, members: Sequence[SiteMember], *, force: bool = False
     ) -> list[RouteAdvertisement]:
@@ -227,6 +235,8 @@ class SiteAggregator:
         aggregated metrics and capacity."""
         if not members:
             raise ValueError("a site needs at least one member")
+        if not force and self.suppressed(now_ms):
+            return []
         self.sync(members)
         states = [m.state for m in members]
         routes = self.builder.poll(now_ms, pooled_state(states), force=force)

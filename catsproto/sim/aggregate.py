@@ -149,6 +149,8 @@ class AggregatedControlPlane(HierarchicalControlPlane):
         sc, cl = self.sc, self.cluster
         per = sc.instances_per_site
         for s, agg in enumerate(self.aggregators):
+            if not force and agg.suppressed(t):
+                continue
             members = [
                 SiteMember.from_cache(cl.caches[i], self.compute_state(i, t))
                 for i in range(s * per, (s + 1) * per)
