@@ -680,21 +680,22 @@ def plots(result: dict, folder: FilePath) -> None:
 # ---- steering quality with aggregated remote state (S1, `catsproto.sim`) ---------------
 
 
-def quality(policies: list[str], speedups: list[float], limit: int | None) -> dict:
+def quality(
+    policies: list[str], speedups: list[float], limit: int | None, overrides: list[str]
+) -> dict:
     """catsproto (per-instance state everywhere) against the aggregated policies on S1 as
     shipped, the whole trace unless `limit`: hit rate, TTFT, and advertisement bytes in
     all and across site borders, with each policy's hit rate relative to catsproto's."""
     from catsproto.adapters.trace import load_scenario, read_trace
     from catsproto.keys import BlockKeyer
-    from catsproto.sim import PreparedTrace, Scenario, run_policy
+    from catsproto.sim import PreparedTrace, Scenario, apply_overrides, run_policy
     from catsproto.sim.aggregate import register
 
     register()
     requests = read_trace(TRACE, limit=limit)
     rows = []
     for speedup in speedups:
-        raw = load_scenario("s1")
-        raw["speedup"] = speedup
+        raw = apply_overrides(load_scenario("s1"), [*overrides, f"speedup={speedup}"])
         sc = Scenario.from_mapping(raw)
         keyer = BlockKeyer(sc.secret, sc.model_id, sc.block_tokens)
         tr = PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
@@ -721,7 +722,7 @@ def quality(policies: list[str], speedups: list[float], limit: int | None) -> di
             )
             rows.append(row)
             print(json.dumps(row, default=float), file=sys.stderr)
-    return {"quality_s1": rows}
+    return {"quality_s1": rows, "overrides": overrides}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -751,13 +752,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--speedups", nargs="+", type=float, default=[1.0, 4.0], help="--quality")
     p.add_argument("--limit", type=int, help="--quality: first N requests (default all)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="--quality: S1 override"
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.quality is not None:
         from catsproto.sim.aggregate import AGGREGATED_POLICIES
 
         names = args.quality or list(AGGREGATED_POLICIES)
-        result = quality(names, args.speedups, args.limit)
+        result = quality(names, args.speedups, args.limit, args.set)
         result["run_s"] = time.perf_counter() - t0
         print(json.dumps(result, indent=2, default=float))
         return 0

@@ -31,7 +31,8 @@ Policies, added to `sim.POLICIES` only by an explicit `register()` (the default
 `catsproto eval` list and runs are unchanged): ``catsproto-agg`` (the site advertises
 at the instances' interval and FPR), ``catsproto-agg10`` and ``catsproto-agg20`` (10 s
 and 20 s site interval), ``catsproto-agg10f5`` (10 s, 5 % FPR) and ``catsproto-agg10h2``
-(10 s, only keys at least two instances hold). `benchmarks/scale.py --quality` runs
+(10 s, only keys at least two instances hold); ``catsproto-agg-nokeys`` is a control
+(empty site summaries: metrics and capacity only). `benchmarks/scale.py --quality` runs
 them against catsproto on the whole trace.
 """
 
@@ -69,6 +70,9 @@ class AggregateOptions:
     interval_ms: int | None = None
     target_fpr: float | None = None
     min_holders: int = 1
+
+
+NO_KEYS = 1 << 30  # a holder threshold no key reaches: empty site summaries
 
 
 def site_address(s: int) -> str:
@@ -210,6 +214,9 @@ AGGREGATED_POLICIES: dict[str, type[AggregatedPolicy]] = {
     "catsproto-agg10h2": _variant(
         "catsproto-agg10h2", AggregateOptions(interval_ms=10_000, min_holders=2)
     ),
+    # a control, not a proposal: sites advertise no keys beyond themselves (metrics and
+    # capacity only), to show how much a scenario's quality depends on remote summaries
+    "catsproto-agg-nokeys": _variant("catsproto-agg-nokeys", AggregateOptions(min_holders=NO_KEYS)),
 }
 
 
