@@ -162,6 +162,7 @@ class SiteOptions:
     fpr: float = 0.01
     min_holders: int = 1
     advertising: Advertising = Advertising()
+    max_depth: int = 0
 
 
 def site_config(shard_range: str, address: str, site: SiteOptions) -> BuilderConfig:
@@ -226,6 +227,7 @@ def churn_site(
         [TierSpec(Tier.HBM, HBM_BLOCKS * instances, 0, 8_000_000)],
         epoch=1,
         min_holders=site.min_holders,
+        max_depth=site.max_depth,
     )
     # instance j serves the trace from request offset j*n/I, times relative to that start
     offsets = [j * n // instances for j in range(instances)]
@@ -375,6 +377,7 @@ def build_pool(
             [TierSpec(Tier.HBM, HBM_BLOCKS * instances, 0, 8_000_000)],
             epoch=1,
             min_holders=site.min_holders,
+            max_depth=site.max_depth,
         )
         per_site.append([r.advertisement for r in agg.poll(0, members)])
     return per_inst, per_site
@@ -524,13 +527,16 @@ def fit_linear(points: list[tuple[float, float]], x: float) -> float:
 def run(args: argparse.Namespace) -> dict:
     times, keys, lengths = load_trace(FilePath(args.trace))
     advertising = Advertising.named(args.dampening)
-    site = SiteOptions(args.site_interval_ms, args.site_fpr, args.min_holders, advertising)
+    site = SiteOptions(
+        args.site_interval_ms, args.site_fpr, args.min_holders, advertising, args.max_depth
+    )
     churn = churn_site(times, keys, lengths, args.instances, args.window_s, site)
     churn["site_options"] = {
         "interval_ms": site.interval_ms,
         "target_fpr": site.fpr,
         "min_holders": site.min_holders,
         "dampening": advertising.name,
+        "max_depth": site.max_depth,
     }
     caches, states = churn.pop("_caches"), churn.pop("_states")
     if args.churn_only:
@@ -741,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--site-fpr", type=float, default=0.01, help="aggregate summary target FPR")
     p.add_argument("--min-holders", type=int, default=1, help="advertise keys held this often")
     p.add_argument("--churn-only", action="store_true", help="part 1 only")
+    p.add_argument("--max-depth", type=int, default=0, help="site: first N blocks only (0: all)")
     p.add_argument(
         "--dampening", default="builder", choices=("builder", "s1"), help="origins' dampening"
     )

@@ -66,6 +66,32 @@ def test_union_and_holder_weighting() -> None:
         union_keys([a], Tier.HBM, 0)
 
 
+def test_depth_limit_keeps_each_prompts_first_blocks() -> None:
+    """Prompts through real caches, which free a prompt's tail first: with max_depth 2
+    the site keeps each held prefix's first two blocks (so a longest run from block 0
+    still finds them) and drops the deeper ones."""
+    cache_a, cache_b = TieredCache([TierSpec(Tier.HBM, 6, 0, 8_000_000)]), TieredCache([HBM])
+    cache_a.admit([11, 12, 13, 14, 15])
+    cache_a.admit([31, 32, 33])  # evicts 15 and 14, the first prompt's tail
+    cache_b.admit([21, 22, 23])
+    state = ComputeState(prefill_rate_tps=20_000.0)
+    members = [SiteMember.from_cache(c, state) for c in (cache_a, cache_b)]
+    assert sorted(cache_a.keys(Tier.HBM).tolist()) == [11, 12, 13, 31, 32, 33]
+    assert union_keys(members, Tier.HBM, max_depth=2).tolist() == [11, 12, 21, 22, 31, 32]
+    assert union_keys(members, Tier.HBM).tolist() == [11, 12, 13, 21, 22, 23, 31, 32, 33]
+    q = [21, 22, 23]
+    bare = SiteMember({Tier.HBM: np.array(q, dtype=np.uint64)}, state, 1000, 997)
+    assert union_keys([bare], Tier.HBM, max_depth=1).tolist() == q  # no depths: all kept
+    with pytest.raises(ValueError):
+        union_keys(members, Tier.HBM, max_depth=-1)
+    agg = SiteAggregator(_config(), [TierSpec(Tier.HBM, 2000, 0, 8_000_000)], 1, max_depth=2)
+    agg.poll(0, members)
+    assert (
+        sorted(agg.mirror.keys(Tier.HBM).tolist())
+        == union_keys(members, Tier.HBM, max_depth=2).tolist()
+    )
+
+
 def test_metrics_are_aggregated_per_cats_framework() -> None:
     states = [
         ComputeState(

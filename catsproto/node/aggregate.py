@@ -12,11 +12,12 @@ What the site advertisement says:
 * **cache summaries**: per tier, one filter built over the union of the keys the egress
   knows its instances hold (or, with ``min_holders`` > 1, over the keys held by at least
   that many instances — holder-weighted, smaller, for sites whose instances replicate
-  popular prefixes). A filter over the union is smaller than the instances' filters put
-  together, since shared prefixes (system prompts) are counted once, and its false
-  positive rate is the target's, not the sum of n filters' rates. The summaries go
-  through the same `AdvertisementBuilder` as an instance's (dampening, snapshots and
-  cumulative deltas, shards that fit one UPDATE) over a mirror `TieredCache` of the union.
+  popular prefixes; with ``max_depth``, over each prompt's first blocks only). A filter
+  over the union is smaller than the instances' filters put together, since shared
+  prefixes (system prompts) are counted once, and its false positive rate is the
+  target's, not the sum of n filters' rates. The summaries go through the same
+  `AdvertisementBuilder` as an instance's (dampening, snapshots and cumulative deltas,
+  shards that fit one UPDATE) over a mirror `TieredCache` of the union.
 * **CATS metrics** (CATS metric framework, L0/L1/L2): L0 values are the site's, each with
   ``Source.AGGREGATED``: request counts summed, utilisations averaged; the estimated
   TTFT is the pooled wait (Σ outstanding prefill tokens ÷ Σ prefill rate, statistic
@@ -81,12 +82,14 @@ class SiteMember:
 
     keys: block keys per tier (any order, duplicates allowed). state: its compute state.
     capacity_blocks / free_blocks: from its cache (free clamped to 0..capacity).
+    depth: optional, each key's depth in its prompt (1 = first block), for ``max_depth``.
     """
 
     keys: Mapping[Tier, np.ndarray]
     state: ComputeState
     capacity_blocks: int
     free_blocks: int
+    depth: Mapping[int, int] | None = None
 
     @classmethod
     def from_cache(cls, cache: TieredCache, state: ComputeState) -> SiteMember:
@@ -96,16 +99,34 @@ class SiteMember:
             state,
             total,
             max(0, min(cache.free_blocks(), total)),
+            cache.depth,
         )
 
 
-def union_keys(members: Sequence[SiteMember], tier: Tier, min_holders: int = 1) -> np.ndarray:
-    """Sorted keys of `tier` held by at least `min_holders` members (1: the union)."""
+def union_keys(
+    members: Sequence[SiteMember], tier: Tier, min_holders: int = 1, max_depth: int = 0
+) -> np.ndarray:
+    """Sorted keys of `tier` held by at least `min_holders` members (1: the union); with
+    `max_depth` > 0 only keys no deeper than that in their prompt (a member without
+    depths keeps all its keys). Since a cache frees a prompt's blocks tail first, what a
+    member holds of a prompt is a prefix, and its first `max_depth` blocks stay one: a
+    selector's longest run still starts at block 0, capped at `max_depth`."""
     if min_holders < 1:
         raise ValueError("min_holders must be >= 1")
-    arrays = [
-        np.unique(np.asarray(m.keys[tier], dtype=np.uint64)) for m in members if tier in m.keys
-    ]
+    if max_depth < 0:
+        raise ValueError("max_depth must be >= 0 (0: no limit)")
+    arrays = []
+    for m in members:
+        if tier not in m.keys:
+            continue
+        keys = np.unique(np.asarray(m.keys[tier], dtype=np.uint64))
+        if max_depth and m.depth is not None and len(keys):
+            depth = m.depth
+            deep = np.fromiter(
+                (depth.get(k, 1) for k in keys.tolist()), dtype=np.int64, count=len(keys)
+            )
+            keys = keys[deep <= max_depth]
+        arrays.append(keys)
     if not arrays:
         return np.zeros(0, dtype=np.uint64)
     allkeys = np.concatenate(arrays)
@@ -191,9 +212,13 @@ class SiteAggregator:
         epoch: int,
         *,
         min_holders: int = 1,
+        max_depth: int = 0,
     ) -> None:
         if min_holders < 1:
             raise ValueError("min_holders must be >= 1")
+        if max_depth < 0:
+            raise ValueError("max_depth must be >= 0 (0: no limit)")
+        self.max_depth = max_depth
         if config.site_id == 0:
             raise ValueError("a site advertisement needs a site_id")
         self.config = config
@@ -208,7 +233,7 @@ class SiteAggregator:
         """Bring the mirror to the members' (weighted) union; returns keys changed."""
         changed = 0
         for tier in self.mirror.order:
-            new = union_keys(members, tier, self.min_holders)
+            new = union_keys(members, tier, self.min_holders, self.max_depth)
             old = self._held[tier]
             added = np.setdiff1d(new, old, assume_unique=True)
             removed = np.setdiff1d(old, new, assume_unique=True)

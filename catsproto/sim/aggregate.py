@@ -70,6 +70,7 @@ class AggregateOptions:
     interval_ms: int | None = None
     target_fpr: float | None = None
     min_holders: int = 1
+    max_depth: int = 0
 
 
 NO_KEYS = 1 << 30  # a holder threshold no key reaches: empty site summaries
@@ -129,7 +130,9 @@ class AggregatedControlPlane(HierarchicalControlPlane):
             ]
             self.site_keys.append(key)
             self.aggregators.append(
-                SiteAggregator(cfg, tiers, epoch=1, min_holders=opts.min_holders)
+                SiteAggregator(
+                    cfg, tiers, epoch=1, min_holders=opts.min_holders, max_depth=opts.max_depth
+                )
             )
         self.receivers = [Receiver(trust, policy=SecurityPolicy()) for _ in self.receivers]
         self.site_index = {ipaddress.ip_address(site_address(s)): s for s in range(len(sc.sites))}
@@ -213,6 +216,12 @@ AGGREGATED_POLICIES: dict[str, type[AggregatedPolicy]] = {
     ),
     "catsproto-agg10h2": _variant(
         "catsproto-agg10h2", AggregateOptions(interval_ms=10_000, min_holders=2)
+    ),
+    "catsproto-agg10d4": _variant(
+        "catsproto-agg10d4", AggregateOptions(interval_ms=10_000, max_depth=4)
+    ),
+    "catsproto-agg10d8": _variant(
+        "catsproto-agg10d8", AggregateOptions(interval_ms=10_000, max_depth=8)
     ),
     # a control, not a proposal: sites advertise no keys beyond themselves (metrics and
     # capacity only), to show how much a scenario's quality depends on remote summaries
