@@ -30,8 +30,9 @@ catsproto every route crosses, so it equals ``adv_bytes``).
 Policies, added to `sim.POLICIES` only by an explicit `register()` (the default
 `catsproto eval` list and runs are unchanged): ``catsproto-agg`` (the site advertises
 at the instances' interval and FPR), ``catsproto-agg10`` and ``catsproto-agg20`` (10 s
-and 20 s site interval), ``catsproto-agg10f5`` (10 s, 5 % FPR) and ``catsproto-agg10h2``
-(10 s, only keys at least two instances hold); ``catsproto-agg-nokeys`` is a control
+and 20 s site interval), ``catsproto-agg10f5`` (10 s, 5 % FPR), ``catsproto-agg10h2``
+(10 s, only keys at least two instances hold), ``catsproto-agg10d4``, ``-d8``, ``-d16``
+(10 s, each held prefix's first 4 / 8 / 16 blocks); ``catsproto-agg-nokeys`` is a control
 (empty site summaries: metrics and capacity only). `benchmarks/scale.py --quality` runs
 them against catsproto on the whole trace.
 """
@@ -222,6 +223,9 @@ AGGREGATED_POLICIES: dict[str, type[AggregatedPolicy]] = {
     ),
     "catsproto-agg10d8": _variant(
         "catsproto-agg10d8", AggregateOptions(interval_ms=10_000, max_depth=8)
+    ),
+    "catsproto-agg10d16": _variant(
+        "catsproto-agg10d16", AggregateOptions(interval_ms=10_000, max_depth=16)
     ),
     # a control, not a proposal: sites advertise no keys beyond themselves (metrics and
     # capacity only), to show how much a scenario's quality depends on remote summaries
