@@ -57,11 +57,23 @@ def replay(
 ) -> float:
     """Tokens still queued at `now_ms` at an instance that advertised `backlog` tokens at
     `at_ms` and has since been sent `sent` = (time, prefill tokens), FCFS, draining at
-    `tps` tokens per second."""
-    q, cursor = backlog, at_ms
-    for when, tokens in sent:
-        q = max(0.0, q - (when - cursor) * tps / 1000) + tokens
+    `tps` tokens per second. Entries before `at_ms` are skipped (the advertisement
+    counts them). Leading entries that cannot matter any more — the queue was empty
+    when a later one arrived, so the same replay without them gives the same answer —
+    are removed from `sent`, which keeps the replay short however long an
+    advertisement lives."""
+    q, cursor, drop = backlog, at_ms, 0
+    for k, (when, tokens) in enumerate(sent):
+        if when < at_ms:
+            drop = k + 1
+            continue
+        q = max(0.0, q - (when - cursor) * tps / 1000)
+        if q == 0.0:
+            drop = k
+        q += tokens
         cursor = when
+    for _ in range(drop):
+        sent.popleft()
     return max(0.0, q - (now_ms - cursor) * tps / 1000)
 
 
@@ -81,9 +93,16 @@ class DeadReckoningSelector(PathSelector):
         inst = table.by_address.get(address) if table is not None else None  # type: ignore[arg-type]
         if inst is None:
             return False
-        self._pending_for(table)
-        self._pending[cs_id].log[inst.slot].append((now_ms, tokens))
+        # decide() prunes and replays the log itself: appending in time order is enough
+        self._pending_store(table).log[inst.slot].append((now_ms, tokens))
         return True
+
+    def queued_ms(self, table: ServiceTable, slot: int, now_ms: float) -> float:
+        """The replayed queue at `slot` at `now_ms`, in ms of its advertised rate."""
+        tps = float(table.prefill_tps[slot])
+        at = float(table.metrics_ms[slot])
+        log = self._pending_store(table).log[slot]
+        return replay(float(table.backlog_tokens[slot]), at, log, tps, now_ms) * 1000 / tps
 
     def forget_last(self, cs_id: int, address: object) -> None:
         """Undo the pending work the last decision for `address` recorded."""
@@ -225,7 +244,27 @@ class HierarchicalPolicy(CatsprotoPolicy):
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
         assert isinstance(box, DeadReckoningSelector)
         box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
+        if sc.burst_mirror > 0:
+            self._mirror(x, t, sc.burst_mirror * self._tokens(s, chosen))
         return Choice(self._index[chosen.address], None, chosen.cached_blocks, extra_rtt_ms=extra)
+
+    def _mirror(self, x: int, t: int, tokens: float) -> None:
+        """Ingress x assumes every other site's ingress received a request like this one
+        at the same time, placed on that site's least-loaded instance (as x sees it)."""
+        sel = self.control.selectors[x]
+        assert isinstance(sel, DeadReckoningSelector)
+        table = sel.rib.services.get(CS_ID)
+        if table is None:
+            return
+        by_site: dict[int, list[tuple[int, object]]] = {}
+        for address, inst in table.by_address.items():
+            site = int(self.cluster.site[self._index[address]])
+            by_site.setdefault(site, []).append((inst.slot, address))
+        for y, members in by_site.items():
+            if y == x:
+                continue
+            _, address = min(members, key=lambda m: (sel.queued_ms(table, m[0], t), m[0]))
+            sel.note(CS_ID, address, t, tokens)
 
     def _site_pick(self, s: int, r: int, t: int, *, dry: bool = False) -> Estimate | None:
         """Site s's C-PS places request r (`dry`: only says where, records nothing)."""

@@ -81,6 +81,7 @@ class Scenario:
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
+    burst_mirror: float  # ingress: assume other sites' ingresses had this share of my burst
     seed: int
     secret: bytes
     model_id: str
@@ -149,6 +150,7 @@ class Scenario:
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
                 site_bounce=bool(d.get("site_bounce", False)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
+                burst_mirror=float(d.get("burst_mirror", 0.0)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -244,6 +246,7 @@ class Scenario:
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
             "remote_margin_ms": self.remote_margin_ms,
+            "burst_mirror": self.burst_mirror,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -365,6 +368,7 @@ _OPTIONAL = {
     "site_sticky_ms",
     "site_bounce",
     "remote_margin_ms",
+    "burst_mirror",
     "seed",
     "secret",
     "model_id",
