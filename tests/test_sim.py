@@ -257,6 +257,22 @@ def test_replay_drains_the_sent_work_fcfs():
     assert replay(0.0, 0.0, sent, 1000.0, 500.0) == 0.0
 
 
+def test_replay_forgets_only_what_cannot_matter():
+    # the queue was empty when (200, 20) arrived: (50, 30) no longer matters and goes;
+    # what is left gives the same answer. An entry older than the advertisement (its
+    # backlog counts it) goes too.
+    sent = deque([(50, 30.0), (200, 20.0), (205, 5.0)])
+    assert replay(100.0, 0.0, sent, 1000.0, 210.0) == pytest.approx(15.0)
+    assert list(sent) == [(200, 20.0), (205, 5.0)]
+    assert replay(100.0, 0.0, sent, 1000.0, 210.0) == pytest.approx(15.0)
+    busy = deque([(50, 30.0), (60, 10.0)])  # never empty: both stay
+    assert replay(100.0, 0.0, busy, 1000.0, 70.0) == pytest.approx(70.0)
+    assert len(busy) == 2
+    old = deque([(5, 7.0), (20, 3.0)])
+    assert replay(10.0, 10.0, old, 1000.0, 20.0) == pytest.approx(3.0)
+    assert list(old) == [(20, 3.0)]
+
+
 def test_catsproto_site_dispatch_by_hand():
     # The ingress C-PS picks the site, the site's own C-PS the instance, and work sent
     # since an advertisement drains at the advertised rate (dead reckoning).
@@ -421,3 +437,40 @@ def test_skipping_quiet_polls_changes_nothing(monkeypatch, speedup):
     for k in ("advertisements", "bytes", "accepted", "builds"):
         assert fast.control[k] == full.control[k], k
     assert fast.control["polls"] < full.control["polls"]  # and it did skip some
+
+
+# ingress = sites[hash_ids[3] mod 2]: B for q1-q3, A for q0, q4, q5
+OVERFLOW = [
+    TraceRequest(0, 4, 1, (100, 101, 102, 104)),  # q0 ingress A
+    TraceRequest(2000, 100, 1, (11, 13, 15, 17)),  # q1 ingress B
+    TraceRequest(2000, 100, 1, (21, 23, 25, 27)),  # q2 ingress B
+    TraceRequest(2000, 100, 1, (31, 33, 35, 37)),  # q3 ingress B
+    TraceRequest(2000, 100, 1, (40, 42, 44, 46)),  # q4 ingress A
+    TraceRequest(2000, 100, 1, (50, 52, 54, 56)),  # q5 ingress A
+]
+
+
+@pytest.mark.parametrize(
+    "signal, inst, ttft",
+    [
+        (False, [0, 2, 3, 0, 1, 2], [5, 101, 101, 110, 101, 210]),
+        (True, [0, 2, 3, 0, 1, 0], [5, 101, 101, 110, 101, 201]),
+    ],
+)
+def test_overflow_signal_by_hand(signal, inst, ttft):
+    # q0 t=0: nothing heard -> fallback A1, 1+0+4 = 5; by t=2000 every instance is idle
+    #   and advertised so. Burst at t=2000, 100 tokens each, no shared blocks:
+    # q1 q2 (ingress B): B1 then B2, 1+0+100 = 101 each
+    # q3 (ingress B): B1 B2 wait 100 -> home 201; A1 as B sees it 10+0+100 = 110 -> site
+    #   A, A's C-PS: A1, 110 (as B expected: no bounce)
+    # q4 (ingress A): A1 waits 100 -> A2, 101
+    # q5 (ingress A): A1 A2 wait 100 -> home 201; ingress A cannot know of q1 q2, so B
+    #   looks idle: 10+0+100 = 110 -> site B: B1, 10+100+100 = 210 (home after the
+    #   detour, 211, is no better: no bounce).
+    # With the signal, q3 told A's box that B's least queue was 100 ms: B is 210 as A
+    #   sees it, worse than home's 201 -> A1 (ties A2), 1+100+100 = 201.
+    sc = mini(site_dispatch=True, site_bounce=True, ingress_index=3, overflow_signal=signal)
+    got_inst, _hits, got_ttft, _ = outcome("catsproto", sc, requests=OVERFLOW)
+    assert prepared(sc, OVERFLOW).ingress.tolist() == [0, 1, 1, 1, 0, 0]
+    assert got_inst == inst
+    assert got_ttft == pytest.approx(ttft)

@@ -214,9 +214,15 @@ class HierarchicalPolicy(CatsprotoPolicy):
             # what the ingress knows of a remote site is a WAN delay and an update
             # interval old; stay home unless the remote site is better by the margin
             home = self._site_pick(x, r, t, dry=True)
-            if home is not None and home.total_ms <= top.chosen.total_ms + margin:
+            if (
+                home is not None
+                and home.total_ms <= top.chosen.total_ms + margin
+                and home.queue_ms <= sc.remote_margin_max_wait_ms
+            ):
                 s = x
                 self.kept_home += 1
+        if s != x and sc.overflow_signal:
+            self._signal(x, s, t)
         chosen = self._site_pick(s, r, t)
         if chosen is None:
             return self._fallback(s, t)
@@ -247,6 +253,31 @@ class HierarchicalPolicy(CatsprotoPolicy):
         if sc.burst_mirror > 0:
             self._mirror(x, t, sc.burst_mirror * self._tokens(s, chosen))
         return Choice(self._index[chosen.address], None, chosen.cached_blocks, extra_rtt_ms=extra)
+
+    def _signal(self, x: int, s: int, t: int) -> None:
+        """A request ingress x sends to site s says how busy x's own site is (x's box
+        knows it exactly): the least queue there. Site s's box takes it as a floor
+        for every instance of x, so its own ingress does not send work back into a
+        site that is itself sending work away."""
+        control = self.control
+        local = control.local_selectors[x]
+        assert isinstance(local, DeadReckoningSelector)
+        home = control.local_ribs[x].services.get(CS_ID)
+        box = control.selectors[s]
+        assert isinstance(box, DeadReckoningSelector)
+        table = box.rib.services.get(CS_ID)
+        if home is None or table is None:
+            return
+        floor = min(local.queued_ms(home, i.slot, t) for i in home.by_address.values())
+        if floor <= 0:
+            return
+        for address in home.by_address:
+            inst = table.by_address.get(address)
+            if inst is None:
+                continue
+            gap = floor - box.queued_ms(table, inst.slot, t)
+            if gap > 0:
+                box.note(CS_ID, address, t, gap * float(table.prefill_tps[inst.slot]) / 1000)
 
     def _mirror(self, x: int, t: int, tokens: float) -> None:
         """Ingress x assumes every other site's ingress received a request like this one
