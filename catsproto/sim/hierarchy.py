@@ -214,11 +214,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
             # what the ingress knows of a remote site is a WAN delay and an update
             # interval old; stay home unless the remote site is better by the margin
             home = self._site_pick(x, r, t, dry=True)
-            if (
-                home is not None
-                and home.total_ms <= top.chosen.total_ms + margin
-                and home.queue_ms <= sc.remote_margin_max_wait_ms
-            ):
+            if home is not None and home.total_ms <= top.chosen.total_ms + margin:
                 s = x
                 self.kept_home += 1
         if s != x and sc.overflow_signal:
@@ -250,8 +246,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
         assert isinstance(box, DeadReckoningSelector)
         box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
-        if sc.burst_mirror > 0:
-            self._mirror(x, t, sc.burst_mirror * self._tokens(s, chosen))
         return Choice(self._index[chosen.address], None, chosen.cached_blocks, extra_rtt_ms=extra)
 
     def _signal(self, x: int, s: int, t: int) -> None:
@@ -278,24 +272,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
             gap = floor - box.queued_ms(table, inst.slot, t)
             if gap > 0:
                 box.note(CS_ID, address, t, gap * float(table.prefill_tps[inst.slot]) / 1000)
-
-    def _mirror(self, x: int, t: int, tokens: float) -> None:
-        """Ingress x assumes every other site's ingress received a request like this one
-        at the same time, placed on that site's least-loaded instance (as x sees it)."""
-        sel = self.control.selectors[x]
-        assert isinstance(sel, DeadReckoningSelector)
-        table = sel.rib.services.get(CS_ID)
-        if table is None:
-            return
-        by_site: dict[int, list[tuple[int, object]]] = {}
-        for address, inst in table.by_address.items():
-            site = int(self.cluster.site[self._index[address]])
-            by_site.setdefault(site, []).append((inst.slot, address))
-        for y, members in by_site.items():
-            if y == x:
-                continue
-            _, address = min(members, key=lambda m: (sel.queued_ms(table, m[0], t), m[0]))
-            sel.note(CS_ID, address, t, tokens)
 
     def _site_pick(self, s: int, r: int, t: int, *, dry: bool = False) -> Estimate | None:
         """Site s's C-PS places request r (`dry`: only says where, records nothing)."""

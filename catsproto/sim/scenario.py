@@ -81,8 +81,6 @@ class Scenario:
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
-    remote_margin_max_wait_ms: float  # ... only while the own site's pick waits at most this
-    burst_mirror: float  # ingress: assume other sites' ingresses had this share of my burst
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
     seed: int
     secret: bytes
@@ -152,8 +150,6 @@ class Scenario:
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
                 site_bounce=bool(d.get("site_bounce", False)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
-                remote_margin_max_wait_ms=float(d.get("remote_margin_max_wait_ms", math.inf)),
-                burst_mirror=float(d.get("burst_mirror", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
@@ -250,8 +246,6 @@ class Scenario:
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
             "remote_margin_ms": self.remote_margin_ms,
-            "remote_margin_max_wait_ms": self.remote_margin_max_wait_ms,
-            "burst_mirror": self.burst_mirror,
             "overflow_signal": self.overflow_signal,
             "seed": self.seed,
             "model_id": self.model_id,
@@ -374,8 +368,6 @@ _OPTIONAL = {
     "site_sticky_ms",
     "site_bounce",
     "remote_margin_ms",
-    "remote_margin_max_wait_ms",
-    "burst_mirror",
     "overflow_signal",
     "seed",
     "secret",
