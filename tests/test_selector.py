@@ -271,3 +271,26 @@ def test_a_long_lived_selector_prices_a_recurring_prompt_as_a_fresh_one_would():
     rib.accept(advert("10.0.1.1", 1, [delta], seq=3, ts=1003, block=256), now_ms=1003)
     got = same_as_fresh(1003)
     assert got["10.0.1.1"].stale and got["10.0.1.1"].expected_cached_blocks == 6
+
+
+def test_path_vectors_follow_an_instance_that_moves_site():
+    """The per-site vectors (prepared ahead, or built on first use) are patched where a
+    slot's site changed; decisions stay those of a fresh selector."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS[:8])]), now_ms=1000)
+    cfg = SelectorConfig(peer_selectors=0)
+    sel = PathSelector(rib, two_sites(), cfg)
+    assert sel.prepare(7) == 2 and sel.prepare(99) == 0
+    req = Request(7, KEYS, TOKENS, "ingress")
+
+    def same_as_fresh():
+        d = sel.decide(req, 1000)
+        fresh = PathSelector(rib, two_sites(), cfg).decide(req, 1000)
+        assert d.chosen == fresh.chosen and d.runner_up == fresh.runner_up
+        return {str(e.address): e for e in (d.chosen, d.runner_up)}
+
+    assert same_as_fresh()["10.0.1.1"].rtt_ms == 10
+    rib.accept(advert("10.0.1.1", 2, seq=2, ts=1001), now_ms=1000)  # now at site 2
+    moved = same_as_fresh()["10.0.1.1"]
+    assert moved.rtt_ms == 40 and moved.site_id == 2

@@ -47,6 +47,9 @@ from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
 from catsproto.wire import Tier
 
 INF = float("inf")
+# Above this many candidates the remote-KV option reads the source site's vectors to all
+# sites (built once per site node) rather than one path each.
+_FEW_PULLS = 64
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,8 @@ class PathSelector:
         self._pending: dict[int, _Pending] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
         self._draws = 0
-        self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
+        # (node, CS-ID) -> (version, delay, bandwidth, the sites they were worked out for)
+        self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, ...]] = {}
         self._site_max_bw: dict[tuple[str, int], float] = {}
         self._arange = np.arange(0)
         self._site_derived: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -242,23 +246,49 @@ class PathSelector:
     def _site_vectors(
         self, node: str, table: ServiceTable, slots: slice | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One-way delay and bottleneck bandwidth from `node` to each slot's site,
-        recomputed only when the table's sites or the network changed."""
+        """One-way delay and bottleneck bandwidth from `node` to each slot's site. When
+        the table's sites change, only the slots whose site differs get a new path (a
+        thousand-site table costs a path per site once, milliseconds). Fresh arrays each
+        time: an estimate written out later still reads the values of its decision."""
         key = (node, table.cs_id)
         cached = self._site_cache.get(key)
         version = (table.site_version, len(table.site))
         if cached is None or cached[0] != version:
             sites = table.site
-            uniq, inverse = np.unique(sites, return_inverse=True)
-            delay = np.empty(len(uniq))
-            bw = np.empty(len(uniq))
-            for i, site in enumerate(uniq.tolist()):
+            if cached is None:
+                delay, bw = np.empty(len(sites)), np.empty(len(sites))
+                changed = np.arange(len(sites))
+            else:
+                _, old_delay, old_bw, seen = cached
+                m = len(seen)
+                delay, bw = np.empty(len(sites)), np.empty(len(sites))
+                delay[:m], bw[:m] = old_delay[:m], old_bw[:m]
+                changed = np.flatnonzero(sites[:m] != seen[:m])
+                if len(sites) > m:
+                    changed = np.concatenate([changed, np.arange(m, len(sites))])
+            for i, site in zip(changed.tolist(), sites[changed].tolist(), strict=True):
                 p = self._path(node, site) if site >= 0 else None
                 delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
-            cached = self._site_cache[key] = (version, delay[inverse], bw[inverse])
+            cached = self._site_cache[key] = (version, delay, bw, sites.copy())
             self._site_max_bw[key] = float(bw.max()) if len(bw) else 1.0
-            self._site_derived[key] = (2 * cached[1], cached[2] * 1000)
+            self._site_derived[key] = (2 * delay, bw * 1000)
         return cached[1][slots], cached[2][slots]
+
+    def prepare(self, cs_id: int) -> int:
+        """Work out now the per-site vectors from every site of the service, which the
+        remote-KV option reads for a source at that site (else the first decision with
+        a source at a new site pays a path per site). They stay valid until the table's
+        sites change, and then only changed slots are redone. Returns the sites done."""
+        table = self.rib.services.get(cs_id)
+        if table is None:
+            return 0
+        sites = np.unique(table.site[: len(table.instances)])
+        done = 0
+        for site in sites.tolist():
+            if site >= 0:
+                self._site_vectors(self.config.node_of(site), table, slice(0, 0))
+                done += 1
+        return done
 
     def _site_terms(
         self, node: str, table: ServiceTable, slots: slice | np.ndarray
@@ -269,9 +299,17 @@ class PathSelector:
         rtt, bw_kbps = self._site_derived[(node, table.cs_id)]
         return rtt[slots], bw_kbps[slots]
 
+    def _has_vectors(self, node: str, table: ServiceTable) -> bool:
+        """Whether the per-site vectors from `node` are built and current."""
+        cached = self._site_cache.get((node, table.cs_id))
+        return cached is not None and cached[0] == (table.site_version, len(table.site))
+
     def _max_bandwidth(self, node: str, table: ServiceTable) -> float:
-        """The widest bottleneck from `node` to any site of the table (an upper bound)."""
-        self._site_vectors(node, table, slice(0, 0))
+        """An upper bound on the bottleneck from `node` to any site of the table: the
+        widest such path if the per-site vectors from `node` are at hand, else infinity
+        (working them out costs a path per site: milliseconds at a thousand sites)."""
+        if not self._has_vectors(node, table):
+            return INF
         return self._site_max_bw[(node, table.cs_id)]
 
     def _all_slots(self, n: int) -> np.ndarray:
@@ -450,10 +488,11 @@ class PathSelector:
         some estimate improved."""
         src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
         stamp = (table.site_version, len(table.site))
-        pull_of = plan.pull if plan.pull is not None and plan.pull[0] == stamp else None
-        if pull_of is None:
+        pull_of = plan.pull
+        loose = pull_of is not None and pull_of[7] and self._has_vectors(pull_of[1], table)
+        if pull_of is None or pull_of[0] != stamp or loose:
             pull_of = self._pull_terms(table, plan, request.block_keys, stamp)
-        _, node, nblocks, bpb, tier_bw, latency, fastest = pull_of
+        _, node, nblocks, bpb, tier_bw, latency, fastest, _ = pull_of
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
         total = priced.total
@@ -466,16 +505,39 @@ class PathSelector:
             if least + fastest > bar:
                 return False
         remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
-        delay, bw = self._site_vectors(node, table, pick)
+        if len(leaders) > 1:
+            # Only a candidate whose pull could bring it within the bar can change the
+            # leaders, the near-equal set or their terms. Its estimate is at least base +
+            # fastest pull + remote prefill, summed in the order the estimate is (IEEE
+            # rounding is monotone, so this floor never exceeds the estimate itself).
+            floor = base + fastest
+            floor += remote_prefill
+            reach = np.flatnonzero(floor <= bar)
+        else:
+            reach = np.arange(len(total))
+        if len(reach) > _FEW_PULLS:
+            delay_all, bw_all = self._site_vectors(node, table, pick)
+            delay, bw = delay_all[reach], bw_all[reach]
+        else:  # a path each: no need for the vectors from the source's site to all sites
+            delay, bw = np.empty(len(reach)), np.empty(len(reach))
+            sites = table.site[pick][reach].tolist()
+            for j, site in enumerate(sites):
+                p = self._path(node, site) if site >= 0 else None
+                delay[j], bw[j] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
         link_bw = np.minimum(bw, tier_bw)
         pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
-        remote_total = base + pull + remote_prefill
-        better = remote_total < total
-        better[int(plan.idx[plan.src])] = False
+        remote_total = base[reach] + pull + remote_prefill[reach]
+        better = remote_total < total[reach]
+        better[reach == int(plan.idx[plan.src])] = False
         if not better.any():
             return False
-        total[better] = remote_total[better]
-        priced.remote = (better, pull, remote_prefill, src_slot)
+        won = reach[better]
+        total[won] = remote_total[better]
+        took = np.zeros(len(total), dtype=bool)
+        took[won] = True
+        pulls = np.zeros(len(total))
+        pulls[won] = pull[better]
+        priced.remote = (took, pulls, remote_prefill, src_slot)
         return True
 
     def _pull_terms(
@@ -483,8 +545,9 @@ class PathSelector:
     ) -> tuple:
         """What pulling the best source's prefix costs at best: (stamp, its site's graph
         node, blocks, bytes per block, tier bandwidth, tier latency, the fastest pull
-        over the widest path). Remembered with the plan for an HBM-only source (its
-        figures move with the table generation); a source with deeper tiers is asked."""
+        over the widest path, and whether that path's width was unknown). Remembered
+        with the plan for an HBM-only source (its figures move with the table
+        generation); a source with deeper tiers is asked each time."""
         src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
         src = table.instances[src_slot]
         assert src is not None
@@ -502,9 +565,11 @@ class PathSelector:
             latency = max(
                 (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
             )
-        widest = min(self._max_bandwidth(node, table), tier_bw)
+        widest_path = self._max_bandwidth(node, table)
+        widest = min(widest_path, tier_bw)
         fastest = latency + nblocks * bpb * 8 / (widest * 1000)
-        terms = (stamp, node, nblocks, bpb, tier_bw, latency, fastest)
+        # the last term: the path bound was not at hand (a tighter one may come later)
+        terms = (stamp, node, nblocks, bpb, tier_bw, latency, fastest, widest_path == INF)
         if hbm_only:
             plan.pull = terms
         return terms
