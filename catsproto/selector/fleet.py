@@ -259,7 +259,12 @@ class FleetProbe:
         rows = self.rows_of(slots)
         if n_keys == 0 or len(rows) == 0:
             return [0] * n_keys
-        pairs = _Pairs(keys, self._cols["key_lo"][rows], self._cols["key_hi"][rows])
+        lo, hi = self._cols["key_lo"][rows], self._cols["key_hi"][rows]
+        pairs: _Pairs | _DensePairs
+        if n_keys * len(rows) <= _DENSE_PAIRS:
+            pairs = _DensePairs(keys, lo, hi)
+        else:
+            pairs = _Pairs(keys, lo, hi)
         ki, rj = pairs.key, pairs.row
         hit = np.zeros(len(ki), dtype=bool)
         cols = self._cols
@@ -276,9 +281,9 @@ class FleetProbe:
             for j in np.flatnonzero(~fuse_rows).tolist():
                 state = self._other.get(int(rows[j]))
                 at = pairs.of_row(j)
-                if state is not None and at.stop > at.start:
+                if state is not None and len(at):
                     hit[at] = state.contains_many(keys[ki[at]])
-                    self.pairs += at.stop - at.start
+                    self.pairs += len(at)
         if self._added or self._removed:
             self._correct(keys, rows, pairs, hit)
         n_slots = len(self.table.instances)
@@ -309,7 +314,9 @@ class FleetProbe:
         m = cols["m"][rr]
         return acc % m == ((h & _U32) * m) >> _S32
 
-    def _correct(self, keys: np.ndarray, rows: np.ndarray, pairs: _Pairs, hit: np.ndarray) -> None:
+    def _correct(
+        self, keys: np.ndarray, rows: np.ndarray, pairs: _Pairs | _DensePairs, hit: np.ndarray
+    ) -> None:
         """Apply the exact additions and removals of deltas layered on fuse rows."""
         where: dict[int, int] | None = None
         for i, k in enumerate(keys.tolist()):
@@ -324,6 +331,33 @@ class FleetProbe:
                     at = pairs.find(i, j) if j is not None else None
                     if at is not None:
                         hit[at] = value
+
+
+_DENSE_PAIRS = 16384  # (key, row) tests up to which testing each against each is quicker
+
+
+class _DensePairs:
+    """The (key, row) pairs of a small probe, by testing every key against every row."""
+
+    __slots__ = ("_index", "inside", "key", "row")
+
+    def __init__(self, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        key_col = keys[:, None]
+        self.inside = (key_col >= lo) & (key_col <= hi)
+        self.key, self.row = np.nonzero(self.inside)
+        self._index: np.ndarray | None = None
+
+    def of_row(self, j: int) -> np.ndarray:
+        return np.flatnonzero(self.row == j)
+
+    def find(self, i: int, j: int) -> int | None:
+        """The pair of key `i` and row `j`, if the row's range holds the key."""
+        if not self.inside[i, j]:
+            return None
+        if self._index is None:
+            self._index = np.full(self.inside.shape, -1, dtype=np.int64)
+            self._index[self.key, self.row] = np.arange(len(self.key))
+        return int(self._index[i, j])
 
 
 class _Pairs:
@@ -360,9 +394,9 @@ class _Pairs:
         self.key = order[position]
         self.rank: np.ndarray | None = None  # sorted position of each key, when asked
 
-    def of_row(self, j: int) -> slice:
+    def of_row(self, j: int) -> np.ndarray:
         first = int(self.first[j])
-        return slice(first, first + int(self.count[j]))
+        return np.arange(first, first + int(self.count[j]))
 
     def find(self, i: int, j: int) -> int | None:
         """The pair of key `i` and row `j`, if the row's range holds the key."""

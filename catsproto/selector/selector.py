@@ -505,17 +505,27 @@ class PathSelector:
             if least + fastest > bar:
                 return False
         remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
-        if len(leaders) > 1:
-            # Only a candidate whose pull could bring it within the bar can change the
-            # leaders, the near-equal set or their terms. Its estimate is at least base +
-            # fastest pull + remote prefill, summed in the order the estimate is (IEEE
-            # rounding is monotone, so this floor never exceeds the estimate itself).
-            floor = base + fastest
-            floor += remote_prefill
-            reach = np.flatnonzero(floor <= bar)
-        else:
-            reach = np.arange(len(total))
-        if len(reach) > _FEW_PULLS:
+        src_at = int(plan.idx[plan.src])
+        if len(leaders) < 2 or len(total) <= _FEW_PULLS:  # every candidate, vectors
+            delay, bw = self._site_vectors(node, table, pick)
+            link_bw = np.minimum(bw, tier_bw)
+            pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
+            remote_total = base + pull + remote_prefill
+            took = remote_total < total
+            took[src_at] = False
+            if not took.any():
+                return False
+            total[took] = remote_total[took]
+            priced.remote = (took, pull, remote_prefill, src_slot)
+            return True
+        # Only a candidate whose pull could bring it within the bar can change the
+        # leaders, the near-equal set or their terms. Its estimate is at least base +
+        # fastest pull + remote prefill, summed in the order the estimate is (IEEE
+        # rounding is monotone, so this floor never exceeds the estimate itself).
+        floor = base + fastest
+        floor += remote_prefill
+        reach = np.flatnonzero(floor <= bar)
+        if len(reach) > _FEW_PULLS or self._has_vectors(node, table):
             delay_all, bw_all = self._site_vectors(node, table, pick)
             delay, bw = delay_all[reach], bw_all[reach]
         else:  # a path each: no need for the vectors from the source's site to all sites
@@ -528,7 +538,7 @@ class PathSelector:
         pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
         remote_total = base[reach] + pull + remote_prefill[reach]
         better = remote_total < total[reach]
-        better[reach == int(plan.idx[plan.src])] = False
+        better[reach == src_at] = False
         if not better.any():
             return False
         won = reach[better]
