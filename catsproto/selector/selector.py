@@ -575,11 +575,11 @@ class PathSelector:
             latency = max(
                 (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
             )
-        widest_path = self._max_bandwidth(node, table)
-        widest = min(widest_path, tier_bw)
+        known = self._has_vectors(node, table)
+        widest = min(self._max_bandwidth(node, table), tier_bw)
         fastest = latency + nblocks * bpb * 8 / (widest * 1000)
         # the last term: the path bound was not at hand (a tighter one may come later)
-        terms = (stamp, node, nblocks, bpb, tier_bw, latency, fastest, widest_path == INF)
+        terms = (stamp, node, nblocks, bpb, tier_bw, latency, fastest, not known)
         if hbm_only:
             plan.pull = terms
         return terms
