@@ -78,6 +78,7 @@ class FleetProbe:
         self._added: dict[int, list[int]] = {}  # key -> rows whose delta added it
         self._removed: dict[int, list[int]] = {}  # key -> rows whose delta removed it
         self._row_corrections: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._synced = -1  # the table generation the rows were last brought up to
         self.rebuilds = 0  # slots whose rows were rebuilt, for tests and benchmarks
         self.compactions = 0
         self.pairs = 0  # (key, filter) pairs evaluated: the summary lookups done
@@ -88,6 +89,9 @@ class FleetProbe:
         """Rebuild the rows of every slot whose summaries changed since last built."""
         table = self.table
         n = len(table.instances)
+        if table.generation == self._synced:  # no slot touched since (`ServiceTable.touch`)
+            return
+        self._synced = table.generation
         if len(self._built_gen) < n:
             grown = np.full(max(n, 2 * len(self._built_gen)), -1, dtype=np.int64)
             grown[: len(self._built_gen)] = self._built_gen

@@ -393,27 +393,54 @@ class PathSelector:
         prefill_full = tokens * ms_per_token
         base = rtt + upload
         base += queue
-        total = base + prefill_full
-        priced = _Priced(rtt, upload, queue, total, prefill_full)
-
         keys = request.block_keys
         plan = self._holders(table, keys, tokens, candidates, slots, pick) if len(keys) else None
-        if plan is not None and plan.src >= 0:
-            priced.price_holders(plan, table, keys, base, ms_per_token)
-        order = _leaders(total)
-        if (
-            cfg.allow_remote_kv
-            and plan is not None
-            and plan.src >= 0
-            and plan.src_cached_tokens > 0
-            and self._consider_remote(table, pick, plan, base, ms_per_token, request, priced, order)
-        ):
+        loosened = False
+        while True:
+            total = base + prefill_full
+            priced = _Priced(rtt, upload, queue, total, prefill_full)
+            if plan is not None and plan.src >= 0:
+                priced.price_holders(plan, table, keys, base, ms_per_token)
             order = _leaders(total)
-        if (
-            cfg.spread_ms > 0
-            and len(order) > 1
-            and total[order[1]] <= total[order[0]] + cfg.spread_ms
-        ):
+            if (
+                cfg.allow_remote_kv
+                and plan is not None
+                and plan.src >= 0
+                and plan.src_cached_tokens > 0
+                and self._consider_remote(
+                    table, pick, plan, base, ms_per_token, request, priced, order
+                )
+            ):
+                order = _leaders(total)
+            spread = (
+                cfg.spread_ms > 0
+                and len(order) > 1
+                and total[order[1]] <= total[order[0]] + cfg.spread_ms
+            )
+            if plan is None or not plan.loose_left:
+                break
+            # Runs only bounded from above (a gallop) price a holder at its best: it can
+            # only lose by the exact run. Make exact every one that the decision reads
+            # (the leaders, the near-equal set, the KV source) and decide again; the
+            # others cannot come ahead of them.
+            watch = set(order)
+            if spread:
+                watch.update(np.flatnonzero(total <= total.min() + cfg.spread_ms).tolist())
+            need = [j for j in map(plan.at, watch) if j is not None and plan.loose[j]]
+            if plan.loose[plan.src]:
+                need.append(plan.src)
+            if not need:
+                break
+            if loosened:
+                # bounds were seen to be loose: make exact at once every holder that, at
+                # its bound, is within the leaders' bar (one pass, not one per round)
+                bar = float(total[order[-1]]) + (cfg.spread_ms if spread else 0.0)
+                within = total[plan.idx] <= bar
+                deeper = plan.expected >= plan.expected[plan.src]  # could be the source
+                need += np.flatnonzero(plan.loose & (within | deeper)).tolist()
+            plan, moved = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
+            loosened |= moved
+        if spread:
             order = self._spread(total, cfg.spread_ms).tolist()
         best = self._estimate(table, slots, order[0], request, priced)
         if not math.isfinite(best.total_ms):
@@ -454,12 +481,44 @@ class PathSelector:
         plan = plans.get(name)
         if plan is not None and plan.generation == table.generation:
             return plan
-        hs, ks = index.prefix_lengths(keys, candidates)
-        plan = _Holders.price(table, self.config, hs, ks, tokens, slots, pick)
+        hs, ks, loose = index.prefix_bounds(keys, candidates)
+        if loose.any():
+            # a holder with tiers beyond HBM may lose by a longer run (its fetch grows):
+            # only runs of HBM-only holders are left bounded
+            deep = loose & ~table.hbm_only[hs]
+            if deep.any():
+                ks, loose = ks.copy(), loose.copy()
+                ks[deep] = index.verify(keys, hs[deep], ks[deep])
+                loose[deep] = False
+        plan = _Holders.price(table, self.config, hs, ks, tokens, slots, pick, loose)
         if len(plans) >= 4096:
             plans.clear()
         plans[name] = plan
         return plan
+
+    def _verified(
+        self,
+        table: ServiceTable,
+        keys: np.ndarray,
+        tokens: int,
+        candidates: int,
+        slots: np.ndarray,
+        pick: slice | np.ndarray,
+        plan: _Holders,
+        need: list[int],
+    ) -> tuple[_Holders, bool]:
+        """The plan with the exact runs of holders `need` (positions) in place of their
+        bounds, remembered in its place; and whether any run was below its bound."""
+        at = np.unique(np.array(need, dtype=np.int64))
+        at = at[plan.loose[at]]
+        ks, loose = plan.ks.copy(), plan.loose.copy()
+        exact = self._index[table.cs_id].verify(keys, plan.hs[at], ks[at])
+        moved = bool((exact != ks[at]).any())
+        ks[at] = exact
+        loose[at] = False
+        fresh = _Holders.price(table, self.config, plan.hs, ks, tokens, slots, pick, loose)
+        self._plans[table.cs_id][(keys.tobytes(), candidates, tokens)] = fresh
+        return fresh, moved
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
         """Power of two choices among the candidates within `margin` ms of the best."""
@@ -650,6 +709,8 @@ class _Holders:
         "hs",
         "idx",
         "ks",
+        "loose",
+        "loose_left",
         "pull",
         "src",
         "src_cached_tokens",
@@ -662,6 +723,7 @@ class _Holders:
         self.src = -1
         self.pull: tuple | None = None  # the source's pull terms, see _pull_terms
         self._at: dict[int, int] | None = None
+        self.loose_left = False  # some run in `ks` is only an upper bound (`loose`)
 
     @classmethod
     def price(
@@ -673,11 +735,13 @@ class _Holders:
         tokens: int,
         slots: np.ndarray,
         pick: slice | np.ndarray,
+        loose: np.ndarray,
     ) -> _Holders:
         plan = cls(table.generation)
         if not len(hs):
             return plan
-        plan.hs, plan.ks = hs, ks
+        plan.hs, plan.ks, plan.loose = hs, ks, loose
+        plan.loose_left = bool(loose.any())
         plan.idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
         exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
         stale = table.stale[hs]
