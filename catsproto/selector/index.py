@@ -31,10 +31,12 @@ from catsproto.selector.fleet import FleetProbe
 from catsproto.selector.rib import ServiceTable
 
 CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by then
-# A new prompt's last chunk is galloped when at least this many slots enter it and it
-# has at least this many keys (below, asking every key of the few is as cheap).
+# A new prompt's last chunk is galloped when at least this many slots enter it, it has
+# at least this many keys, and asking all of them every key would take this many
+# lookups (below, one pass over every key is quicker than the gallop's ~7 passes).
 GALLOP_MIN_SLOTS = 8
 GALLOP_MIN_KEYS = 32
+GALLOP_MIN_LOOKUPS = 8192
 GALLOP_STRIDE = 16  # keys between the positions a gallop asks first
 
 
@@ -99,6 +101,7 @@ class KeyIndex:
                 pos == CHUNK + 1
                 and end - pos >= GALLOP_MIN_KEYS
                 and running.bit_count() >= GALLOP_MIN_SLOTS
+                and running.bit_count() * (end - pos) >= GALLOP_MIN_LOOKUPS
                 and not self._known(keys, pos, end, running)
             ):
                 exact, bounded = self._gallop(keys, pos, running, candidates)
