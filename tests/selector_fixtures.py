@@ -47,7 +47,16 @@ def entry(
 
 
 def advert(
-    address, site, entries=(), seq=1, ts=1000, tps=10_000.0, backlog=0.0, cs_id=7, epoch=1
+    address,
+    site,
+    entries=(),
+    seq=1,
+    ts=1000,
+    tps=10_000.0,
+    backlog=0.0,
+    cs_id=7,
+    epoch=1,
+    block=BLOCK,
 ):
     tlvs = [
         wire.Version(1),
@@ -72,7 +81,7 @@ def advert(
                 ),
             )
         ),
-        wire.CacheModel("test-model", BLOCK, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
+        wire.CacheModel("test-model", block, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
     ]
     if entries:
         tlvs.append(wire.CacheSummaries(tuple(entries)))

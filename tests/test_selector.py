@@ -228,3 +228,69 @@ def test_spread_picks_among_near_equal_candidates_only():
         str(sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen.address) == "10.0.2.1"
         for _ in range(3)
     )
+
+
+def test_a_long_lived_selector_prices_a_recurring_prompt_as_a_fresh_one_would():
+    """The holders of a prompt and what their runs are worth are remembered between
+    decisions; each change of what that pricing reads (a summary, staleness, the block
+    size) must show in the next decision exactly as a fresh selector sees it."""
+    from catsproto.summary import DeltaSummary
+
+    rib = RIB()
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)]), now_ms=1000)
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS[:12])]), now_ms=1000)
+    cfg = SelectorConfig(peer_selectors=0)  # its own decisions add no load: fresh == old
+    sel = PathSelector(rib, two_sites(), cfg)
+    req = Request(7, KEYS, TOKENS, "ingress")
+
+    def same_as_fresh(now: int):
+        d = sel.decide(req, now)
+        fresh = PathSelector(rib, two_sites(), cfg).decide(req, now)
+        assert d.chosen == fresh.chosen and d.runner_up == fresh.runner_up
+        return {str(e.address): e for e in (d.chosen, d.runner_up)}
+
+    first = same_as_fresh(1000)
+    assert first["10.0.2.1"].cached_blocks == 16 and first["10.0.1.1"].cached_blocks == 12
+    assert same_as_fresh(1000) == first  # remembered, unchanged
+    # the far holder evicts most of the prompt
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS[:3], version=2)], seq=2, ts=1001), now_ms=1001)
+    got = same_as_fresh(1001)
+    assert got["10.0.2.1"].cached_blocks == 3 and got["10.0.1.1"].cached_blocks == 12
+    # the near one's model moves to 256-token blocks: its 12 blocks cover half the tokens
+    rib.accept(advert("10.0.1.1", 1, seq=2, ts=1002, block=256), now_ms=1002)
+    got = same_as_fresh(1002)
+    assert got["10.0.1.1"].prefill_ms == pytest.approx((TOKENS - 12 * 256) / 10)
+    # a delta it cannot apply: its run counts half
+    delta = entry(
+        KEYS[:1],
+        kind=wire.SummaryKind.DELTA,
+        version=6,
+        base_version=5,
+        summary=DeltaSummary.between(KEYS, KEYS[:15]),
+    )
+    rib.accept(advert("10.0.1.1", 1, [delta], seq=3, ts=1003, block=256), now_ms=1003)
+    got = same_as_fresh(1003)
+    assert got["10.0.1.1"].stale and got["10.0.1.1"].expected_cached_blocks == 6
+
+
+def test_path_vectors_follow_an_instance_that_moves_site():
+    """The per-site vectors (prepared ahead, or built on first use) are patched where a
+    slot's site changed; decisions stay those of a fresh selector."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS[:8])]), now_ms=1000)
+    cfg = SelectorConfig(peer_selectors=0)
+    sel = PathSelector(rib, two_sites(), cfg)
+    assert sel.prepare(7) == 2 and sel.prepare(99) == 0
+    req = Request(7, KEYS, TOKENS, "ingress")
+
+    def same_as_fresh():
+        d = sel.decide(req, 1000)
+        fresh = PathSelector(rib, two_sites(), cfg).decide(req, 1000)
+        assert d.chosen == fresh.chosen and d.runner_up == fresh.runner_up
+        return {str(e.address): e for e in (d.chosen, d.runner_up)}
+
+    assert same_as_fresh()["10.0.1.1"].rtt_ms == 10
+    rib.accept(advert("10.0.1.1", 2, seq=2, ts=1001), now_ms=1000)  # now at site 2
+    moved = same_as_fresh()["10.0.1.1"]
+    assert moved.rtt_ms == 40 and moved.site_id == 2

@@ -213,3 +213,42 @@ def test_restarted_origin_replaces_its_old_state():
     more = entries_for(after[:100], wire.SummaryKind.EXACT, 1, tier=wire.Tier.DRAM, version=1)
     rib.accept(advert(str(addr(0)), 1, more, seq=2, epoch=2), now_ms=3)
     assert set(inst.tiers) == {wire.Tier.HBM, wire.Tier.DRAM}
+
+
+@pytest.mark.parametrize("spread", [0.0, 50.0])
+def test_galloped_runs_decide_as_the_linear_walk(monkeypatch, spread):
+    """A new prompt held deep by many instances is galloped (runs only bounded from
+    above) and the runs the decision reads are then made exact: every decision, with
+    every term, equals the one of a selector that walks every key, false positives (5 %
+    filters) included."""
+    from catsproto.selector import Link, Network, PathSelector, Request, SelectorConfig
+    from catsproto.selector import index as index_module
+
+    rng = np.random.default_rng(21)
+    prompts = rng.integers(0, 2**64 - 1, size=(6, 128), dtype=np.uint64)
+    rib = RIB(hold_time_ms=10**9)
+    for i in range(40):
+        depth = [0, 20, 40, 64, 100, 128][i % 6] + int(rng.integers(0, 5))
+        held = [p[: min(128, depth + 10 * (j % 2))] for j, p in enumerate(prompts)]
+        other = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64)
+        entries = entries_for(np.concatenate([*held, other]), wire.SummaryKind.FUSE, 1 + i % 2)
+        announce(rib, i, entries)
+    net = Network([Link("ingress", f"site{s}", 2 + 3 * s, 10_000) for s in range(1, 5)])
+    cfg = SelectorConfig(spread_ms=spread, seed=3)
+    galloping, walking = PathSelector(rib, net, cfg), PathSelector(rib, net, cfg)
+    asks = []
+    for p in prompts:  # each prompt, then prompts sharing its first 90 or 30 blocks
+        asks += [p, np.concatenate([p[:90], rng.integers(0, 2**63, 38, dtype=np.uint64)])]
+        asks += [np.concatenate([p[:30], rng.integers(0, 2**63, 70, dtype=np.uint64)])]
+    for n, keys in enumerate(asks):
+        req = Request(7, keys, len(keys) * 512, "ingress")
+        monkeypatch.setattr(index_module, "GALLOP_MIN_LOOKUPS", 0)  # gallop whenever it may
+        got = galloping.decide(req, now_ms=n)
+        monkeypatch.setattr(index_module, "GALLOP_MIN_SLOTS", 10**9)  # never
+        want = walking.decide(req, now_ms=n)
+        monkeypatch.undo()
+        assert got.chosen == want.chosen and got.runner_up == want.runner_up, n
+    gallop_pairs = galloping._index[7].fleet.pairs
+    walk_pairs = walking._index[7].fleet.pairs
+    # a wide near-equal margin makes more runs worth making exact
+    assert gallop_pairs < walk_pairs / (1 if spread else 2), (gallop_pairs, walk_pairs)

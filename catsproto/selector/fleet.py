@@ -69,6 +69,8 @@ class FleetProbe:
         self._used = 1
         self._dead = 0
         self._slot_rows: dict[int, range] = {}
+        self._all_rows: np.ndarray | None = None  # every live row, while rows do not move
+        self._all_slots = np.zeros(0, dtype=np.int64)  # and their slots, sorted
         self._built_gen = np.full(0, -1, dtype=np.int64)
         self._slot_start = np.zeros(0, dtype=np.int64)  # rows of slot s: start..stop
         self._slot_stop = np.zeros(0, dtype=np.int64)
@@ -76,6 +78,7 @@ class FleetProbe:
         self._added: dict[int, list[int]] = {}  # key -> rows whose delta added it
         self._removed: dict[int, list[int]] = {}  # key -> rows whose delta removed it
         self._row_corrections: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._synced = -1  # the table generation the rows were last brought up to
         self.rebuilds = 0  # slots whose rows were rebuilt, for tests and benchmarks
         self.compactions = 0
         self.pairs = 0  # (key, filter) pairs evaluated: the summary lookups done
@@ -86,6 +89,9 @@ class FleetProbe:
         """Rebuild the rows of every slot whose summaries changed since last built."""
         table = self.table
         n = len(table.instances)
+        if table.generation == self._synced:  # no slot touched since (`ServiceTable.touch`)
+            return
+        self._synced = table.generation
         if len(self._built_gen) < n:
             grown = np.full(max(n, 2 * len(self._built_gen)), -1, dtype=np.int64)
             grown[: len(self._built_gen)] = self._built_gen
@@ -104,6 +110,7 @@ class FleetProbe:
             self._compact()
 
     def _drop_slot(self, slot: int) -> None:
+        self._all_rows = None
         rows = self._slot_rows.pop(slot, None)
         if rows is None:
             return
@@ -125,6 +132,7 @@ class FleetProbe:
         cols["key_hi"][rows.start : rows.stop] = 0
 
     def _add_slot(self, slot: int) -> None:
+        self._all_rows = None
         inst = self.table.instances[slot]
         if inst is None:
             return
@@ -185,6 +193,7 @@ class FleetProbe:
     def _compact(self) -> None:
         """Copy the live rows' slot values to a fresh buffer and forget the dead rows."""
         self.compactions += 1
+        self._all_rows = None
         old_rows = sorted(self._slot_rows.items())
         old_cols, old_buf = self._cols, self._buf
         old_other, old_corr = self._other, self._row_corrections
@@ -227,8 +236,15 @@ class FleetProbe:
 
     def rows_of(self, slots: np.ndarray | None) -> np.ndarray:
         """Row indices of `slots` (all live rows if None)."""
-        if slots is None:
-            slots = np.fromiter(self._slot_rows, dtype=np.int64, count=len(self._slot_rows))
+        if self._all_rows is None:
+            live = np.fromiter(self._slot_rows, dtype=np.int64, count=len(self._slot_rows))
+            live.sort()
+            self._all_slots, self._all_rows = live, self._rows_of(live)
+        if slots is None or np.array_equal(slots, self._all_slots):  # every live slot
+            return self._all_rows
+        return self._rows_of(slots)
+
+    def _rows_of(self, slots: np.ndarray) -> np.ndarray:
         slots = slots[slots < len(self._slot_start)]
         starts, stops = self._slot_start[slots], self._slot_stop[slots]
         lengths = stops - starts
@@ -247,28 +263,36 @@ class FleetProbe:
         rows = self.rows_of(slots)
         if n_keys == 0 or len(rows) == 0:
             return [0] * n_keys
+        lo, hi = self._cols["key_lo"][rows], self._cols["key_hi"][rows]
+        pairs: _Pairs | _DensePairs
+        if n_keys * len(rows) <= _DENSE_PAIRS:
+            pairs = _DensePairs(keys, lo, hi)
+        else:
+            pairs = _Pairs(keys, lo, hi)
+        ki, rj = pairs.key, pairs.row
+        hit = np.zeros(len(ki), dtype=bool)
         cols = self._cols
-        key_col = keys[:, None]
-        inside = (key_col >= cols["key_lo"][rows]) & (key_col <= cols["key_hi"][rows])
-        hit = np.zeros(inside.shape, dtype=bool)
         fuse_rows = cols["fuse"][rows]
-        ki, ri = np.nonzero(inside & fuse_rows)
-        self.pairs += len(ki)
-        if len(ki):
-            hit[ki, ri] = self._fuse_hits(keys[ki], rows[ri])
-        if self._added or self._removed:
-            self._correct(keys, rows, inside, hit)
-        if self._other:
+        if fuse_rows.all():
+            self.pairs += len(ki)
+            if len(ki):
+                hit = self._fuse_hits(keys[ki], rows[rj])
+        else:
+            fuse = fuse_rows[rj]
+            self.pairs += int(np.count_nonzero(fuse))
+            if fuse.any():
+                hit[fuse] = self._fuse_hits(keys[ki[fuse]], rows[rj[fuse]])
             for j in np.flatnonzero(~fuse_rows).tolist():
                 state = self._other.get(int(rows[j]))
-                if state is not None and inside[:, j].any():
-                    hit[:, j] = inside[:, j] & state.contains_many(keys)
-                    self.pairs += n_keys
-        slot_of = cols["slot"][rows]
+                at = pairs.of_row(j)
+                if state is not None and len(at):
+                    hit[at] = state.contains_many(keys[ki[at]])
+                    self.pairs += len(at)
+        if self._added or self._removed:
+            self._correct(keys, rows, pairs, hit)
         n_slots = len(self.table.instances)
         dense = np.zeros((n_keys, n_slots + (-n_slots) % 8), dtype=bool)
-        hk, hr = np.nonzero(hit)
-        dense[hk, slot_of[hr]] = True
+        dense[ki[hit], cols["slot"][rows[rj[hit]]]] = True
         packed = np.packbits(dense, axis=1, bitorder="little")
         return [int.from_bytes(row.tobytes(), "little") for row in packed]
 
@@ -295,7 +319,7 @@ class FleetProbe:
         return acc % m == ((h & _U32) * m) >> _S32
 
     def _correct(
-        self, keys: np.ndarray, rows: np.ndarray, inside: np.ndarray, hit: np.ndarray
+        self, keys: np.ndarray, rows: np.ndarray, pairs: _Pairs | _DensePairs, hit: np.ndarray
     ) -> None:
         """Apply the exact additions and removals of deltas layered on fuse rows."""
         where: dict[int, int] | None = None
@@ -308,5 +332,80 @@ class FleetProbe:
                     where = {int(r): j for j, r in enumerate(rows.tolist())}
                 for r in owners:
                     j = where.get(r)
-                    if j is not None and inside[i, j]:
-                        hit[i, j] = value
+                    at = pairs.find(i, j) if j is not None else None
+                    if at is not None:
+                        hit[at] = value
+
+
+_DENSE_PAIRS = 16384  # (key, row) tests up to which testing each against each is quicker
+
+
+class _DensePairs:
+    """The (key, row) pairs of a small probe, by testing every key against every row."""
+
+    __slots__ = ("_index", "inside", "key", "row")
+
+    def __init__(self, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        key_col = keys[:, None]
+        self.inside = (key_col >= lo) & (key_col <= hi)
+        self.key, self.row = np.nonzero(self.inside)
+        self._index: np.ndarray | None = None
+
+    def of_row(self, j: int) -> np.ndarray:
+        return np.flatnonzero(self.row == j)
+
+    def find(self, i: int, j: int) -> int | None:
+        """The pair of key `i` and row `j`, if the row's range holds the key."""
+        if not self.inside[i, j]:
+            return None
+        if self._index is None:
+            self._index = np.full(self.inside.shape, -1, dtype=np.int64)
+            self._index[self.key, self.row] = np.arange(len(self.key))
+        return int(self._index[i, j])
+
+
+class _Pairs:
+    """The (key, row) pairs of a probe whose row's key range holds the key, found by
+    sorting the keys once and bisecting each row's range into them: O(rows x log keys +
+    pairs), where testing every key against every row was O(keys x rows) — 400,000
+    comparisons for a 200-block prompt asked of the 62 sites (33 shard routes each) that
+    hold its prefix. Pairs come grouped by row, keys in sorted order within a row."""
+
+    __slots__ = ("count", "first", "key", "order", "rank", "row", "start")
+
+    def __init__(self, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        if len(keys) == 1:  # a new prompt's first key, often asked of every row
+            k = keys[0]
+            self.row = np.flatnonzero((lo <= k) & (hi >= k))
+            self.key = np.zeros(len(self.row), dtype=np.int64)
+            self.order = np.zeros(1, dtype=np.int64)
+            self.start = np.zeros(len(lo), dtype=np.int64)
+            self.count = np.zeros(len(lo), dtype=np.int64)
+            self.count[self.row] = 1
+            self.first = np.cumsum(self.count) - self.count
+            self.rank = self.order
+            return
+        self.order = order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        self.start = np.searchsorted(ordered, lo, "left")
+        count = np.searchsorted(ordered, hi, "right") - self.start
+        np.maximum(count, 0, out=count)  # dead rows have an empty range (lo > hi)
+        self.count = count
+        self.first = np.cumsum(count) - count  # each row's first pair
+        total = int(count.sum())
+        self.row = np.repeat(np.arange(len(lo)), count)
+        position = np.arange(total) - np.repeat(self.first - self.start, count)
+        self.key = order[position]
+        self.rank: np.ndarray | None = None  # sorted position of each key, when asked
+
+    def of_row(self, j: int) -> np.ndarray:
+        first = int(self.first[j])
+        return np.arange(first, first + int(self.count[j]))
+
+    def find(self, i: int, j: int) -> int | None:
+        """The pair of key `i` and row `j`, if the row's range holds the key."""
+        if self.rank is None:
+            self.rank = np.empty(len(self.order), dtype=np.int64)
+            self.rank[self.order] = np.arange(len(self.order))
+        offset = int(self.rank[i]) - int(self.start[j])
+        return int(self.first[j]) + offset if 0 <= offset < int(self.count[j]) else None

@@ -254,8 +254,11 @@ class RIB:
         inst.epoch_seq = max(inst.epoch_seq, seq)
         model = adv.cache_model
         if model is not None:
+            resized = model.block_size != inst.block_size
             inst.block_size, inst.model_id = model.block_size, model.model_id
             table.block_size[inst.slot] = model.block_size
+            if resized:  # what the selector remembers of a holder's prefix is in blocks
+                table.touch(inst)
         metrics_updated = self._metrics(table, inst, adv)
         outcomes = []
         changed = False

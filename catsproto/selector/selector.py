@@ -34,6 +34,7 @@ for the chosen instance and the runner-up. Pure: `now_ms` and the seed come in.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
 from catsproto.wire import Tier
 
 INF = float("inf")
+# Above this many candidates the remote-KV option reads the source site's vectors to all
+# sites (built once per site node) rather than one path each.
+_FEW_PULLS = 64
 
 
 @dataclass(frozen=True)
@@ -221,10 +225,12 @@ class PathSelector:
         self.network = network
         self.config = config or SelectorConfig()
         self._index: dict[int, KeyIndex] = {}
+        self._plans: dict[int, dict[tuple[bytes, int, int], _Holders]] = {}
         self._pending: dict[int, _Pending] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
         self._draws = 0
-        self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, np.ndarray]] = {}
+        # (node, CS-ID) -> (version, delay, bandwidth, the sites they were worked out for)
+        self._site_cache: dict[tuple[str, int], tuple[tuple[int, int], np.ndarray, ...]] = {}
         self._site_max_bw: dict[tuple[str, int], float] = {}
         self._arange = np.arange(0)
         self._site_derived: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -240,23 +246,49 @@ class PathSelector:
     def _site_vectors(
         self, node: str, table: ServiceTable, slots: slice | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """One-way delay and bottleneck bandwidth from `node` to each slot's site,
-        recomputed only when the table's sites or the network changed."""
+        """One-way delay and bottleneck bandwidth from `node` to each slot's site. When
+        the table's sites change, only the slots whose site differs get a new path (a
+        thousand-site table costs a path per site once, milliseconds). Fresh arrays each
+        time: an estimate written out later still reads the values of its decision."""
         key = (node, table.cs_id)
         cached = self._site_cache.get(key)
         version = (table.site_version, len(table.site))
         if cached is None or cached[0] != version:
             sites = table.site
-            uniq, inverse = np.unique(sites, return_inverse=True)
-            delay = np.empty(len(uniq))
-            bw = np.empty(len(uniq))
-            for i, site in enumerate(uniq.tolist()):
+            if cached is None:
+                delay, bw = np.empty(len(sites)), np.empty(len(sites))
+                changed = np.arange(len(sites))
+            else:
+                _, old_delay, old_bw, seen = cached
+                m = len(seen)
+                delay, bw = np.empty(len(sites)), np.empty(len(sites))
+                delay[:m], bw[:m] = old_delay[:m], old_bw[:m]
+                changed = np.flatnonzero(sites[:m] != seen[:m])
+                if len(sites) > m:
+                    changed = np.concatenate([changed, np.arange(m, len(sites))])
+            for i, site in zip(changed.tolist(), sites[changed].tolist(), strict=True):
                 p = self._path(node, site) if site >= 0 else None
                 delay[i], bw[i] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
-            cached = self._site_cache[key] = (version, delay[inverse], bw[inverse])
+            cached = self._site_cache[key] = (version, delay, bw, sites.copy())
             self._site_max_bw[key] = float(bw.max()) if len(bw) else 1.0
-            self._site_derived[key] = (2 * cached[1], cached[2] * 1000)
+            self._site_derived[key] = (2 * delay, bw * 1000)
         return cached[1][slots], cached[2][slots]
+
+    def prepare(self, cs_id: int) -> int:
+        """Work out now the per-site vectors from every site of the service, which the
+        remote-KV option reads for a source at that site (else the first decision with
+        a source at a new site pays a path per site). They stay valid until the table's
+        sites change, and then only changed slots are redone. Returns the sites done."""
+        table = self.rib.services.get(cs_id)
+        if table is None:
+            return 0
+        sites = np.unique(table.site[: len(table.instances)])
+        done = 0
+        for site in sites.tolist():
+            if site >= 0:
+                self._site_vectors(self.config.node_of(site), table, slice(0, 0))
+                done += 1
+        return done
 
     def _site_terms(
         self, node: str, table: ServiceTable, slots: slice | np.ndarray
@@ -267,9 +299,17 @@ class PathSelector:
         rtt, bw_kbps = self._site_derived[(node, table.cs_id)]
         return rtt[slots], bw_kbps[slots]
 
+    def _has_vectors(self, node: str, table: ServiceTable) -> bool:
+        """Whether the per-site vectors from `node` are built and current."""
+        cached = self._site_cache.get((node, table.cs_id))
+        return cached is not None and cached[0] == (table.site_version, len(table.site))
+
     def _max_bandwidth(self, node: str, table: ServiceTable) -> float:
-        """The widest bottleneck from `node` to any site of the table (an upper bound)."""
-        self._site_vectors(node, table, slice(0, 0))
+        """An upper bound on the bottleneck from `node` to any site of the table: the
+        widest such path if the per-site vectors from `node` are at hand, else infinity
+        (working them out costs a path per site: milliseconds at a thousand sites)."""
+        if not self._has_vectors(node, table):
+            return INF
         return self._site_max_bw[(node, table.cs_id)]
 
     def _all_slots(self, n: int) -> np.ndarray:
@@ -346,58 +386,72 @@ class PathSelector:
         tokens = request.prompt_tokens
         upload = tokens * cfg.request_bytes_per_token * 8 / bw_kbps
         # the advertised backlog, drained at the advertised rate since its timestamp
-        queue = np.maximum(0.0, table.drain_end_ms[pick] - now_ms)
+        queue = np.subtract(table.drain_end_ms[pick], now_ms)
+        np.maximum(queue, 0.0, out=queue)
         np.minimum(queue, table.backlog_ms[pick], out=queue)
         queue += pend.ms[pick]
         prefill_full = tokens * ms_per_token
-        base = rtt + upload + queue
-        total = base + prefill_full
-        prefill = prefill_full.copy()
-        # per candidate: fetch ms, expected cached blocks, cached blocks, KV source slot
-        fetch, expected, cached, source_slot = np.zeros((4, len(slots)))
-        source_slot -= 1
-
-        index = self._index.get(table.cs_id)
-        if index is None or index.table is not table:
-            index = self._index[table.cs_id] = KeyIndex(table)
+        base = rtt + upload
+        base += queue
         keys = request.block_keys
-        best_src: tuple[float, int, float, float] | None = None  # (-expected, slot, tok, fetch)
-        if len(keys):
-            hs, ks = index.prefix_lengths(keys, candidates)
-            if len(hs):
-                best_src = self._score_holders(
-                    table, slots, pick, (hs, ks), request, base, ms_per_token,
-                    terms=(cached, expected, fetch, prefill, total),
-                )
-        order = _leaders(total)
-        if (
-            cfg.allow_remote_kv
-            and best_src is not None
-            and best_src[2] > 0
-            and self._consider_remote(
-                table, slots, best_src, base, ms_per_token, request, total, fetch, prefill,
-                source_slot,
-                order,
-            )
-        ):
+        plan = self._holders(table, keys, tokens, candidates, slots, pick) if len(keys) else None
+        loosened = False
+        while True:
+            total = base + prefill_full
+            priced = _Priced(rtt, upload, queue, total, prefill_full)
+            if plan is not None and plan.src >= 0:
+                priced.price_holders(plan, table, keys, base, ms_per_token)
             order = _leaders(total)
-        if (
-            cfg.spread_ms > 0
-            and len(order) > 1
-            and total[order[1]] <= total[order[0]] + cfg.spread_ms
-        ):
+            if (
+                cfg.allow_remote_kv
+                and plan is not None
+                and plan.src >= 0
+                and plan.src_cached_tokens > 0
+                and self._consider_remote(
+                    table, pick, plan, base, ms_per_token, request, priced, order
+                )
+            ):
+                order = _leaders(total)
+            spread = (
+                cfg.spread_ms > 0
+                and len(order) > 1
+                and total[order[1]] <= total[order[0]] + cfg.spread_ms
+            )
+            if plan is None or not plan.loose_left:
+                break
+            # Runs only bounded from above (a gallop) price a holder at its best: it can
+            # only lose by the exact run. Make exact every one that the decision reads
+            # (the leaders, the near-equal set, the KV source) and decide again; the
+            # others cannot come ahead of them.
+            watch = set(order)
+            if spread:
+                watch.update(np.flatnonzero(total <= total.min() + cfg.spread_ms).tolist())
+            need = [j for j in map(plan.at, watch) if j is not None and plan.loose[j]]
+            if plan.loose[plan.src]:
+                need.append(plan.src)
+            if not need:
+                break
+            if loosened:
+                # bounds were seen to be loose: make exact at once every holder that, at
+                # its bound, is within the leaders' bar (one pass, not one per round)
+                bar = float(total[order[-1]]) + (cfg.spread_ms if spread else 0.0)
+                within = total[plan.idx] <= bar
+                deeper = plan.expected >= plan.expected[plan.src]  # could be the source
+                need += np.flatnonzero(plan.loose & (within | deeper)).tolist()
+            plan, moved = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
+            loosened |= moved
+        if spread:
             order = self._spread(total, cfg.spread_ms).tolist()
-        terms = (rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot)
-        best = self._estimate(table, slots, order[0], request, terms)
-        if not np.isfinite(best.total_ms):
+        best = self._estimate(table, slots, order[0], request, priced)
+        if not math.isfinite(best.total_ms):
             raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
         runner = None
         if len(order) > 1:
             second = order[1]
-            held_then = self._candidate(table, slots, second, source_slot)
+            held_then = self._candidate(table, slots, second, priced)
 
             def runner() -> Estimate:
-                return self._estimate(table, slots, second, request, terms, held_then)
+                return self._estimate(table, slots, second, request, priced, held_then)
 
         chosen_slot = int(slots[order[0]])
         work = best.prefill_ms / 1000 * table.prefill_tps[chosen_slot]
@@ -406,46 +460,65 @@ class PathSelector:
         self._pending_ms(pend, table, chosen_slot)
         return Decision(best, runner, len(slots))
 
-    def _score_holders(
+    def _holders(
         self,
         table: ServiceTable,
+        keys: np.ndarray,
+        tokens: int,
+        candidates: int,
         slots: np.ndarray,
         pick: slice | np.ndarray,
-        held: tuple[np.ndarray, np.ndarray],
-        request: Request,
-        base: np.ndarray,
-        ms_per_token: np.ndarray,
-        terms: tuple[np.ndarray, ...],
-    ) -> tuple[float, int, float, float]:
-        """Price the cached prefix of every instance holding part of it, all at once;
-        return the best KV source as (-expected blocks, slot, cached tokens, fetch ms)."""
-        cached, expected, fetch, prefill, total = terms
-        cfg = self.config
-        hs, ks = held
-        idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
-        exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
-        stale = table.stale[hs]
-        if stale.any():
-            exp_blocks[stale] *= cfg.stale_confidence
-        block = table.block_size[hs]
-        if not block.all():
-            block = np.where(block > 0, block, cfg.default_block_size)
-        tokens = request.prompt_tokens
-        cached_tokens = np.minimum(tokens, exp_blocks * block)
-        fetch_h = np.zeros(len(hs))
-        hbm_only = table.hbm_only[hs]
-        if not hbm_only.all():
-            for j in np.flatnonzero(~hbm_only).tolist():
-                inst = table.instances[int(hs[j])]
-                assert inst is not None
-                fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(request.block_keys[: ks[j]]))
-        prefill_h = (tokens - cached_tokens) * ms_per_token[idx]
-        cached[idx], expected[idx] = ks, exp_blocks
-        fetch[idx], prefill[idx] = fetch_h, prefill_h
-        total[idx] = base[idx] + fetch_h + prefill_h
-        most = exp_blocks.max()  # the best source: most expected blocks, then lowest slot
-        j = int(np.flatnonzero(exp_blocks == most)[np.argmin(hs[exp_blocks == most])])
-        return (-float(exp_blocks[j]), int(hs[j]), float(cached_tokens[j]), float(fetch_h[j]))
+    ) -> _Holders:
+        """Who among `candidates` holds part of the prompt, and what that prefix is worth
+        to each; remembered per (prompt, candidates, prompt length) until any summary of
+        the table changes (its generation moves)."""
+        index = self._index.get(table.cs_id)
+        if index is None or index.table is not table:
+            index = self._index[table.cs_id] = KeyIndex(table)
+            self._plans[table.cs_id] = {}
+        plans = self._plans[table.cs_id]
+        name = (keys.tobytes(), candidates, tokens)
+        plan = plans.get(name)
+        if plan is not None and plan.generation == table.generation:
+            return plan
+        hs, ks, loose = index.prefix_bounds(keys, candidates)
+        if loose.any():
+            # a holder with tiers beyond HBM may lose by a longer run (its fetch grows):
+            # only runs of HBM-only holders are left bounded
+            deep = loose & ~table.hbm_only[hs]
+            if deep.any():
+                ks, loose = ks.copy(), loose.copy()
+                ks[deep] = index.verify(keys, hs[deep], ks[deep])
+                loose[deep] = False
+        plan = _Holders.price(table, self.config, hs, ks, tokens, slots, pick, loose)
+        if len(plans) >= 4096:
+            plans.clear()
+        plans[name] = plan
+        return plan
+
+    def _verified(
+        self,
+        table: ServiceTable,
+        keys: np.ndarray,
+        tokens: int,
+        candidates: int,
+        slots: np.ndarray,
+        pick: slice | np.ndarray,
+        plan: _Holders,
+        need: list[int],
+    ) -> tuple[_Holders, bool]:
+        """The plan with the exact runs of holders `need` (positions) in place of their
+        bounds, remembered in its place; and whether any run was below its bound."""
+        at = np.unique(np.array(need, dtype=np.int64))
+        at = at[plan.loose[at]]
+        ks, loose = plan.ks.copy(), plan.loose.copy()
+        exact = self._index[table.cs_id].verify(keys, plan.hs[at], ks[at])
+        moved = bool((exact != ks[at]).any())
+        ks[at] = exact
+        loose[at] = False
+        fresh = _Holders.price(table, self.config, plan.hs, ks, tokens, slots, pick, loose)
+        self._plans[table.cs_id][(keys.tobytes(), candidates, tokens)] = fresh
+        return fresh, moved
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
         """Power of two choices among the candidates within `margin` ms of the best."""
@@ -460,33 +533,28 @@ class PathSelector:
         return np.array([first, second])
 
     def _consider_remote(
-        self, table, slots, best_src, base, ms_per_token, request, total, fetch, prefill,
-        source_slot,
+        self,
+        table: ServiceTable,
+        pick: slice | np.ndarray,
+        plan: _Holders,
+        base: np.ndarray,
+        ms_per_token: np.ndarray,
+        request: Request,
+        priced: _Priced,
         leaders: list[int],
     ) -> bool:
         """Offer every instance the option of pulling the best source's prefix; True if
         some estimate improved."""
-        _, src_slot, cached_tokens, _ = best_src
-        src = table.instances[src_slot]
-        assert src is not None
-        node = self.config.node_of(src.site_id)
-        keys = request.block_keys
-        block = src.block_size or self.config.default_block_size
-        nblocks = int(np.ceil(cached_tokens / block))
-        bpb = int(table.max_block_bytes[src_slot])
-        if table.hbm_only[src_slot]:
-            tier_bw = float(table.tier0_mbps[src_slot]) if nblocks else INF
-            latency = float(table.tier0_latency_ms[src_slot]) if nblocks else 0.0
-        else:
-            codes = [c for c in np.unique(src.prefix_tiers(keys[:nblocks])).tolist() if c]
-            tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
-            latency = max(
-                (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
-            )
+        src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
+        stamp = (table.site_version, len(table.site))
+        pull_of = plan.pull
+        loose = pull_of is not None and pull_of[7] and self._has_vectors(pull_of[1], table)
+        if pull_of is None or pull_of[0] != stamp or loose:
+            pull_of = self._pull_terms(table, plan, request.block_keys, stamp)
+        _, node, nblocks, bpb, tier_bw, latency, fastest, _ = pull_of
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
-        widest = min(self._max_bandwidth(node, table), tier_bw)
-        fastest = latency + nblocks * bpb * 8 / (widest * 1000)
+        total = priced.total
         if len(leaders) > 1:
             first, second = total[leaders[0]], total[leaders[1]]
             bar = max(float(second), float(first) + self.config.spread_ms)
@@ -496,25 +564,93 @@ class PathSelector:
             if least + fastest > bar:
                 return False
         remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
-        delay, bw = self._site_vectors(node, table, slots)
+        src_at = int(plan.idx[plan.src])
+        if len(leaders) < 2 or len(total) <= _FEW_PULLS:  # every candidate, vectors
+            delay, bw = self._site_vectors(node, table, pick)
+            link_bw = np.minimum(bw, tier_bw)
+            pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
+            remote_total = base + pull + remote_prefill
+            took = remote_total < total
+            took[src_at] = False
+            if not took.any():
+                return False
+            total[took] = remote_total[took]
+            priced.remote = (took, pull, remote_prefill, src_slot)
+            return True
+        # Only a candidate whose pull could bring it within the bar can change the
+        # leaders, the near-equal set or their terms. Its estimate is at least base +
+        # fastest pull + remote prefill, summed in the order the estimate is (IEEE
+        # rounding is monotone, so this floor never exceeds the estimate itself).
+        floor = base + fastest
+        floor += remote_prefill
+        reach = np.flatnonzero(floor <= bar)
+        if len(reach) > _FEW_PULLS or self._has_vectors(node, table):
+            delay_all, bw_all = self._site_vectors(node, table, pick)
+            delay, bw = delay_all[reach], bw_all[reach]
+        else:  # a path each: no need for the vectors from the source's site to all sites
+            delay, bw = np.empty(len(reach)), np.empty(len(reach))
+            sites = table.site[pick][reach].tolist()
+            for j, site in enumerate(sites):
+                p = self._path(node, site) if site >= 0 else None
+                delay[j], bw[j] = (p.delay_ms, p.bandwidth_mbps) if p else (INF, 1.0)
         link_bw = np.minimum(bw, tier_bw)
         pull = delay + latency + nblocks * bpb * 8 / (link_bw * 1000)
-        remote_total = base + pull + remote_prefill
-        better = remote_total < total
-        better[np.nonzero(slots == src_slot)[0]] = False
-        total[better] = remote_total[better]
-        fetch[better] = pull[better]
-        prefill[better] = remote_prefill[better]
-        source_slot[better] = src_slot
-        return bool(better.any())
+        remote_total = base[reach] + pull + remote_prefill[reach]
+        better = remote_total < total[reach]
+        better[reach == src_at] = False
+        if not better.any():
+            return False
+        won = reach[better]
+        total[won] = remote_total[better]
+        took = np.zeros(len(total), dtype=bool)
+        took[won] = True
+        pulls = np.zeros(len(total))
+        pulls[won] = pull[better]
+        priced.remote = (took, pulls, remote_prefill, src_slot)
+        return True
+
+    def _pull_terms(
+        self, table: ServiceTable, plan: _Holders, keys: np.ndarray, stamp: tuple[int, int]
+    ) -> tuple:
+        """What pulling the best source's prefix costs at best: (stamp, its site's graph
+        node, blocks, bytes per block, tier bandwidth, tier latency, the fastest pull
+        over the widest path, and whether that path's width was unknown). Remembered
+        with the plan for an HBM-only source (its figures move with the table
+        generation); a source with deeper tiers is asked each time."""
+        src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
+        src = table.instances[src_slot]
+        assert src is not None
+        node = self.config.node_of(src.site_id)
+        block = src.block_size or self.config.default_block_size
+        nblocks = int(np.ceil(cached_tokens / block))
+        bpb = int(table.max_block_bytes[src_slot])
+        hbm_only = bool(table.hbm_only[src_slot])
+        if hbm_only:
+            tier_bw = float(table.tier0_mbps[src_slot]) if nblocks else INF
+            latency = float(table.tier0_latency_ms[src_slot]) if nblocks else 0.0
+        else:
+            codes = [c for c in np.unique(src.prefix_tiers(keys[:nblocks])).tolist() if c]
+            tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
+            latency = max(
+                (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
+            )
+        known = self._has_vectors(node, table)
+        widest = min(self._max_bandwidth(node, table), tier_bw)
+        fastest = latency + nblocks * bpb * 8 / (widest * 1000)
+        # the last term: the path bound was not at hand (a tighter one may come later)
+        terms = (stamp, node, nblocks, bpb, tier_bw, latency, fastest, not known)
+        if hbm_only:
+            plan.pull = terms
+        return terms
 
     @staticmethod
     def _candidate(
-        table: ServiceTable, slots: np.ndarray, i: int, source_slot: np.ndarray
+        table: ServiceTable, slots: np.ndarray, i: int, priced: _Priced
     ) -> tuple[Instance, Instance | None]:
         inst = table.instances[int(slots[i])]
         assert inst is not None
-        src = table.instances[int(source_slot[i])] if source_slot[i] >= 0 else None
+        remote = priced.remote
+        src = table.instances[remote[3]] if remote is not None and remote[0][i] else None
         return inst, src
 
     def _estimate(
@@ -523,29 +659,181 @@ class PathSelector:
         slots: np.ndarray,
         i: int,
         request: Request,
-        terms: tuple[np.ndarray, ...],
+        priced: _Priced,
         instances: tuple[Instance, Instance | None] | None = None,
     ) -> Estimate:
         """The terms of candidate `i` (an index into `slots`), as an Estimate; the
         instance and its KV source may be given as they were at decision time."""
-        rtt, upload, queue, cached, expected, fetch, prefill, total, source_slot = terms
         if instances is None:
-            instances = self._candidate(table, slots, i, source_slot)
+            instances = self._candidate(table, slots, i, priced)
         inst, src = instances
         path = self._path(request.ingress, inst.site_id)
-        return Estimate(
+        cached, expected, fetch, prefill = priced.terms(i)
+        return _new_estimate(
             address=inst.address,
             site_id=inst.site_id,
             path=path.nodes if path else (),
-            rtt_ms=float(rtt[i]),
-            upload_ms=float(upload[i]),
-            queue_ms=float(queue[i]),
-            cached_blocks=int(cached[i]),
-            expected_cached_blocks=float(expected[i]),
+            rtt_ms=float(priced.rtt[i]),
+            upload_ms=float(priced.upload[i]),
+            queue_ms=float(priced.queue[i]),
+            cached_blocks=cached,
+            expected_cached_blocks=expected,
             fpr=inst.fpr,
             stale=inst.stale,
             kv_source=src.address if src else None,
-            fetch_ms=float(fetch[i]),
-            prefill_ms=float(prefill[i]),
-            total_ms=float(total[i]),
+            fetch_ms=fetch,
+            prefill_ms=prefill,
+            total_ms=float(priced.total[i]),
         )
+
+
+def _new_estimate(**terms: object) -> Estimate:
+    """An Estimate built without the frozen dataclass's generated __init__ (one
+    object.__setattr__ per field: 2 µs of a decision that takes 30)."""
+    est = object.__new__(Estimate)
+    est.__dict__.update(terms)
+    return est
+
+
+class _Holders:
+    """The instances holding a leading run of one prompt, and what each run is worth:
+    everything of the holders' pricing that only their summaries decide (so it holds
+    for one table generation). `src` is the position of the best KV source (most
+    expected blocks, then lowest slot), -1 when nobody holds anything."""
+
+    __slots__ = (
+        "_at",
+        "deep",
+        "expected",
+        "generation",
+        "hs",
+        "idx",
+        "ks",
+        "loose",
+        "loose_left",
+        "pull",
+        "src",
+        "src_cached_tokens",
+        "src_slot",
+        "uncached",
+    )
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.src = -1
+        self.pull: tuple | None = None  # the source's pull terms, see _pull_terms
+        self._at: dict[int, int] | None = None
+        self.loose_left = False  # some run in `ks` is only an upper bound (`loose`)
+
+    @classmethod
+    def price(
+        cls,
+        table: ServiceTable,
+        cfg: SelectorConfig,
+        hs: np.ndarray,
+        ks: np.ndarray,
+        tokens: int,
+        slots: np.ndarray,
+        pick: slice | np.ndarray,
+        loose: np.ndarray,
+    ) -> _Holders:
+        plan = cls(table.generation)
+        if not len(hs):
+            return plan
+        plan.hs, plan.ks, plan.loose = hs, ks, loose
+        plan.loose_left = bool(loose.any())
+        plan.idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
+        exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
+        stale = table.stale[hs]
+        if stale.any():
+            exp_blocks[stale] *= cfg.stale_confidence
+        block = table.block_size[hs]
+        if not block.all():
+            block = np.where(block > 0, block, cfg.default_block_size)
+        cached_tokens = np.minimum(tokens, exp_blocks * block)
+        plan.expected, plan.uncached = exp_blocks, tokens - cached_tokens
+        # holders with tiers beyond HBM: their fetch cost is worked out per decision
+        plan.deep = np.flatnonzero(~table.hbm_only[hs]).tolist()
+        most = exp_blocks == exp_blocks.max()
+        j = int(np.flatnonzero(most)[np.argmin(hs[most])])
+        plan.src, plan.src_slot, plan.src_cached_tokens = j, int(hs[j]), float(cached_tokens[j])
+        return plan
+
+    def at(self, i: int) -> int | None:
+        """The holder position of candidate `i`, if it is a holder."""
+        if self._at is None:
+            self._at = {c: j for j, c in enumerate(self.idx.tolist())}
+        return self._at.get(i)
+
+
+class _Priced:
+    """One decision's estimate vectors (indexed by candidate), the holders' terms and
+    the remote-KV option where it won: enough to write out any candidate's terms."""
+
+    __slots__ = (
+        "fetch_h",
+        "plan",
+        "prefill_full",
+        "prefill_h",
+        "queue",
+        "remote",
+        "rtt",
+        "total",
+        "upload",
+    )
+
+    def __init__(
+        self,
+        rtt: np.ndarray,
+        upload: np.ndarray,
+        queue: np.ndarray,
+        total: np.ndarray,
+        prefill_full: np.ndarray,
+    ) -> None:
+        self.rtt, self.upload, self.queue, self.total = rtt, upload, queue, total
+        self.prefill_full = prefill_full
+        self.plan: _Holders | None = None
+        self.fetch_h: np.ndarray | None = None  # None: every holder fetches from HBM (0)
+        self.prefill_h: np.ndarray | None = None
+        # (candidates better off pulling, pull ms, prefill ms, source slot)
+        self.remote: tuple[np.ndarray, np.ndarray, np.ndarray, int] | None = None
+
+    def price_holders(
+        self,
+        plan: _Holders,
+        table: ServiceTable,
+        keys: np.ndarray,
+        base: np.ndarray,
+        ms_per_token: np.ndarray,
+    ) -> None:
+        """Write the holders' estimates into `total`: base + KV fetch + the prefill of
+        what their run leaves uncached."""
+        self.plan = plan
+        idx = plan.idx
+        self.prefill_h = prefill_h = plan.uncached * ms_per_token[idx]
+        held = base[idx]
+        if plan.deep:
+            self.fetch_h = fetch_h = np.zeros(len(idx))
+            for j in plan.deep:
+                inst = table.instances[int(plan.hs[j])]
+                assert inst is not None
+                fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(keys[: plan.ks[j]]))
+            held += fetch_h
+        held += prefill_h
+        self.total[idx] = held
+
+    def terms(self, i: int) -> tuple[int, float, float, float]:
+        """Candidate `i`'s cached blocks, expected cached blocks, fetch ms, prefill ms."""
+        plan = self.plan
+        j = plan.at(i) if plan is not None else None
+        if j is None:
+            cached, expected, fetch, prefill = 0, 0.0, 0.0, float(self.prefill_full[i])
+        else:
+            assert plan is not None and self.prefill_h is not None
+            cached, expected = int(plan.ks[j]), float(plan.expected[j])
+            fetch = float(self.fetch_h[j]) if self.fetch_h is not None else 0.0
+            prefill = float(self.prefill_h[j])
+        remote = self.remote
+        if remote is not None and remote[0][i]:
+            fetch, prefill = float(remote[1][i]), float(remote[2][i])
+        return cached, expected, fetch, prefill
