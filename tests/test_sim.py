@@ -474,3 +474,27 @@ def test_overflow_signal_by_hand(signal, inst, ttft):
     assert prepared(sc, OVERFLOW).ingress.tolist() == [0, 1, 1, 1, 0, 0]
     assert got_inst == inst
     assert got_ttft == pytest.approx(ttft)
+
+
+@pytest.mark.parametrize(
+    "signal, inst, ttft",
+    [
+        (False, [0, 2, 3, 0, 1, 2], [5, 101, 101, 110, 101, 210]),
+        (True, [0, 2, 3, 0, 1, 0], [5, 101, 101, 110, 101, 201]),
+    ],
+)
+def test_overflow_signal_reaches_a_site_known_only_by_its_aggregate(signal, inst, ttft):
+    """The same burst as above where each ingress knows the other site only by its site
+    aggregate (catsproto-agg): the signal floors that one route, with the same outcome.
+    The aggregate's queue is one instance's backlog at one instance's rate, so at t=2000
+    an idle B reads 10+0+100 = 110 as before, and the signal's 100 ms lifts it to 210."""
+    from catsproto.sim.aggregate import register, unregister
+
+    register()
+    try:
+        sc = mini(site_dispatch=True, site_bounce=True, ingress_index=3, overflow_signal=signal)
+        got_inst, _hits, got_ttft, _ = outcome("catsproto-agg", sc, requests=OVERFLOW)
+    finally:
+        unregister()
+    assert got_inst == inst
+    assert got_ttft == pytest.approx(ttft)
