@@ -27,7 +27,7 @@ import numpy as np
 
 from catsproto.summary.delta import LayeredView
 from catsproto.summary.fuse import FuseSummary
-from catsproto.summary.hashing import GOLDEN, mix64, mix64_int
+from catsproto.summary.hashing import GOLDEN, mix64_int
 
 if TYPE_CHECKING:
     from catsproto.selector.rib import ServiceTable
@@ -54,6 +54,17 @@ _ROW_FIELDS = (
 )
 
 
+# Per-row hashing parameters side by side, so a probe gathers them in one take: the
+# rows of `FleetProbe._par` (parameter x row).
+_P_SALT0, _P_SALT1, _P_STARTS, _P_SEG_LOG2, _P_SEG_MASK, _P_M, _P_OFFSET, _P_SEG, _P_FOUR = range(9)
+_P_WIDTH = 9
+_M1 = np.uint64(0xBF58476D1CE4E5B9)  # the SplitMix64 finaliser of `hashing.mix64`, inlined
+_M2 = np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+_SHIFTS = np.array([[0], [16], [32], [48]], dtype=np.uint64)  # of h2, one per hash function
+_STEPS = np.arange(4, dtype=np.uint64)[:, None]  # segments after the first
+
+
 def _salt(seed: int, stream: int) -> int:
     return mix64_int((seed + (stream + 1) * GOLDEN) & _MASK64)
 
@@ -64,13 +75,15 @@ class FleetProbe:
     def __init__(self, table: ServiceTable) -> None:
         self.table = table
         self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
+        self._par = np.zeros((_P_WIDTH, 0), dtype=np.uint64)
         self._rows = 0
         self._buf = np.zeros(1, dtype=np.uint8)  # index 0 stays 0: arity-3 rows' 4th gather
         self._used = 1
         self._dead = 0
         self._slot_rows: dict[int, range] = {}
-        self._all_rows: np.ndarray | None = None  # every live row, while rows do not move
-        self._all_slots = np.zeros(0, dtype=np.int64)  # and their slots, sorted
+        self._all: _RowSet | None = None  # every live slot's rows, while rows do not move
+        self._all_slots = np.zeros(0, dtype=np.int64)  # those slots, sorted
+        self._sets: dict[bytes, _RowSet] = {}  # the rows of slot sets asked recently
         self._built_gen = np.full(0, -1, dtype=np.int64)
         self._slot_start = np.zeros(0, dtype=np.int64)  # rows of slot s: start..stop
         self._slot_stop = np.zeros(0, dtype=np.int64)
@@ -110,7 +123,10 @@ class FleetProbe:
             self._compact()
 
     def _drop_slot(self, slot: int) -> None:
-        self._all_rows = None
+        self._all = None
+        bit = 1 << slot  # remembered row sets holding the slot: stale once it moves
+        for name in [name for name, rs in self._sets.items() if rs.mask & bit]:
+            del self._sets[name]
         rows = self._slot_rows.pop(slot, None)
         if rows is None:
             return
@@ -132,7 +148,7 @@ class FleetProbe:
         cols["key_hi"][rows.start : rows.stop] = 0
 
     def _add_slot(self, slot: int) -> None:
-        self._all_rows = None
+        self._all = None
         inst = self.table.instances[slot]
         if inst is None:
             return
@@ -146,14 +162,21 @@ class FleetProbe:
         self._slot_rows[slot] = range(first, self._rows)
         self._slot_start[slot], self._slot_stop[slot] = first, self._rows
 
+    def _grow(self) -> None:
+        r = self._rows
+        size = max(64, 2 * r)
+        for name, col in self._cols.items():
+            grown = np.zeros(size, dtype=col.dtype)
+            grown[:r] = col[:r]
+            self._cols[name] = grown
+        par = np.zeros((_P_WIDTH, size), dtype=np.uint64)
+        par[:, :r] = self._par[:, :r]
+        self._par = par
+
     def _add_row(self, slot: int, tier: int, lo: int, hi: int, summary: object) -> None:
         r = self._rows
         if r == len(self._cols["slot"]):
-            size = max(64, 2 * r)
-            for name, col in self._cols.items():
-                grown = np.zeros(size, dtype=col.dtype)
-                grown[:r] = col
-                self._cols[name] = grown
+            self._grow()
         cols = self._cols
         cols["slot"][r], cols["tier"][r] = slot, tier
         cols["key_lo"][r], cols["key_hi"][r] = lo, hi
@@ -169,6 +192,7 @@ class FleetProbe:
             cols["m"][r] = base.m
             cols["offset"][r] = offset
             cols["fuse"][r] = True
+            self._par[:, r] = self._params(r)
             if isinstance(summary, LayeredView):
                 self._row_corrections[r] = (summary.added, summary.removed)
                 for keys, book in ((summary.added, self._added), (summary.removed, self._removed)):
@@ -178,6 +202,17 @@ class FleetProbe:
             cols["fuse"][r] = False
             self._other[r] = summary
         self._rows = r + 1
+
+    def _params(self, r: int) -> list[int]:
+        """Row r's hashing parameters, a column of `_par`."""
+        cols = self._cols
+        out = [0] * _P_WIDTH
+        out[_P_SALT0], out[_P_SALT1] = int(cols["salt0"][r]), int(cols["salt1"][r])
+        out[_P_STARTS], out[_P_SEG_LOG2] = int(cols["starts"][r]), int(cols["seg_log2"][r])
+        out[_P_SEG_MASK], out[_P_M] = int(cols["seg_mask"][r]), int(cols["m"][r])
+        out[_P_OFFSET], out[_P_SEG] = int(cols["offset"][r]), 1 << int(cols["seg_log2"][r])
+        out[_P_FOUR] = (1 << 64) - 1 if cols["four"][r] else 0  # arity 3: 4th gather at 0
+        return out
 
     def _append(self, values: np.ndarray) -> int:
         need = self._used + len(values)
@@ -193,11 +228,13 @@ class FleetProbe:
     def _compact(self) -> None:
         """Copy the live rows' slot values to a fresh buffer and forget the dead rows."""
         self.compactions += 1
-        self._all_rows = None
+        self._all = None
+        self._sets = {}
         old_rows = sorted(self._slot_rows.items())
         old_cols, old_buf = self._cols, self._buf
         old_other, old_corr = self._other, self._row_corrections
         self._cols = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
+        self._par = np.zeros((_P_WIDTH, 0), dtype=np.uint64)
         self._rows, self._used, self._dead = 0, 1, 0
         self._buf = np.zeros(max(1, len(old_buf) // 2), dtype=np.uint8)
         self._slot_rows, self._other, self._row_corrections = {}, {}, {}
@@ -212,17 +249,14 @@ class FleetProbe:
     def _copy_row(self, cols, buf, r, other, corrections) -> None:
         new = self._rows
         if new == len(self._cols["slot"]):
-            size = max(64, 2 * new)
-            for name, col in self._cols.items():
-                grown = np.zeros(size, dtype=col.dtype)
-                grown[:new] = col
-                self._cols[name] = grown
+            self._grow()
         for name in self._cols:
             self._cols[name][new] = cols[name][r]
         if cols["fuse"][r]:
             length = int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
             start = int(cols["offset"][r])
             self._cols["offset"][new] = self._append(buf[start : start + length])
+            self._par[:, new] = self._params(new)
         if other is not None:
             self._other[new] = other
         if corrections is not None:
@@ -236,16 +270,39 @@ class FleetProbe:
 
     def rows_of(self, slots: np.ndarray | None) -> np.ndarray:
         """Row indices of `slots` (all live rows if None)."""
-        if self._all_rows is None:
+        rs = self._row_set(slots)
+        return rs.rows if rs is not None else np.zeros(0, dtype=np.int64)
+
+    def _row_set(self, slots: np.ndarray | None) -> _RowSet | None:
+        """The rows of `slots` (every live slot if None) with what a probe reads of them,
+        remembered while none of those slots changes (a decision asks the holders of a
+        prefix several times, and the same holders recur with the same prompts)."""
+        if self._all is None:
             live = np.fromiter(self._slot_rows, dtype=np.int64, count=len(self._slot_rows))
             live.sort()
-            self._all_slots, self._all_rows = live, self._rows_of(live)
-        if slots is None or np.array_equal(slots, self._all_slots):  # every live slot
-            return self._all_rows
-        return self._rows_of(slots)
+            self._all_slots, self._all = live, self._new_row_set(live)
+        if slots is None:
+            return self._all
+        if len(slots) == len(self._all_slots) and np.array_equal(slots, self._all_slots):
+            return self._all
+        name = slots.tobytes()
+        rs = self._sets.get(name)
+        if rs is None:
+            rs = self._new_row_set(slots)
+            if len(self._sets) >= 256:
+                self._sets.clear()
+            self._sets[name] = rs
+        return rs
+
+    def _new_row_set(self, slots: np.ndarray) -> _RowSet | None:
+        slots = np.asarray(slots, dtype=np.int64)
+        slots = slots[slots < len(self._slot_start)]
+        rows = self._rows_of(slots)
+        if len(rows) == 0:
+            return _RowSet(rows, 0, 0, _mask_of(slots), self._cols)
+        return _RowSet(rows, int(slots.min()), int(slots.max()), _mask_of(slots), self._cols)
 
     def _rows_of(self, slots: np.ndarray) -> np.ndarray:
-        slots = slots[slots < len(self._slot_start)]
         starts, stops = self._slot_start[slots], self._slot_stop[slots]
         lengths = stops - starts
         total = int(lengths.sum())
@@ -260,29 +317,26 @@ class FleetProbe:
         self.sync()
         keys = np.asarray(keys, dtype=np.uint64)
         n_keys = len(keys)
-        rows = self.rows_of(slots)
-        if n_keys == 0 or len(rows) == 0:
+        rs = self._row_set(slots)
+        if n_keys == 0 or rs is None or len(rs.rows) == 0:
             return [0] * n_keys
-        lo, hi = self._cols["key_lo"][rows], self._cols["key_hi"][rows]
+        rows = rs.rows
         pairs: _Pairs | _DensePairs
         if n_keys * len(rows) <= _DENSE_PAIRS:
-            pairs = _DensePairs(keys, lo, hi)
+            pairs = _DensePairs(keys, rs.lo, rs.hi)
         else:
-            pairs = _Pairs(keys, lo, hi)
+            pairs = _Pairs(keys, rs.lo, rs.hi)
         ki, rj = pairs.key, pairs.row
-        hit = np.zeros(len(ki), dtype=bool)
-        cols = self._cols
-        fuse_rows = cols["fuse"][rows]
-        if fuse_rows.all():
+        if rs.fuse is None:  # every row a fuse filter: the usual case
             self.pairs += len(ki)
-            if len(ki):
-                hit = self._fuse_hits(keys[ki], rows[rj])
+            hit = self._fuse_hits(keys[ki], rows[rj]) if len(ki) else np.zeros(0, dtype=bool)
         else:
-            fuse = fuse_rows[rj]
+            hit = np.zeros(len(ki), dtype=bool)
+            fuse = rs.fuse[rj]
             self.pairs += int(np.count_nonzero(fuse))
             if fuse.any():
                 hit[fuse] = self._fuse_hits(keys[ki[fuse]], rows[rj[fuse]])
-            for j in np.flatnonzero(~fuse_rows).tolist():
+            for j in np.flatnonzero(~rs.fuse).tolist():
                 state = self._other.get(int(rows[j]))
                 at = pairs.of_row(j)
                 if state is not None and len(at):
@@ -290,32 +344,36 @@ class FleetProbe:
                     self.pairs += len(at)
         if self._added or self._removed:
             self._correct(keys, rows, pairs, hit)
-        n_slots = len(self.table.instances)
-        dense = np.zeros((n_keys, n_slots + (-n_slots) % 8), dtype=bool)
-        dense[ki[hit], cols["slot"][rows[rj[hit]]]] = True
-        packed = np.packbits(dense, axis=1, bitorder="little")
-        return [int.from_bytes(row.tobytes(), "little") for row in packed]
+        # one bit per slot from the set's first (rounded down to a byte) to its last
+        dense = np.zeros((n_keys, rs.width), dtype=bool)
+        dense[ki[hit], rs.slot[rj[hit]]] = True
+        raw = np.packbits(dense, axis=1, bitorder="little").tobytes()
+        width, base = rs.width >> 3, rs.base
+        return [
+            int.from_bytes(raw[at : at + width], "little") << base
+            for at in range(0, len(raw), width)
+        ]
 
     def _fuse_hits(self, x: np.ndarray, rr: np.ndarray) -> np.ndarray:
-        cols = self._cols
-        h = mix64(x ^ cols["salt0"][rr])
-        h2 = mix64(x ^ cols["salt1"][rr])
-        seg_log2 = cols["seg_log2"][rr]
-        mask = cols["seg_mask"][rr]
-        seg = np.uint64(1) << seg_log2
-        base = ((((h >> _S32) * cols["starts"][rr]) >> _S32) << seg_log2) + cols["offset"][
-            rr
-        ].astype(np.uint64)
-        buf = self._buf
-        acc = buf[(base + (h2 & mask)).astype(np.intp)].astype(np.uint64)
-        base += seg
-        acc += buf[(base + ((h2 >> _S16) & mask)).astype(np.intp)]
-        base += seg
-        acc += buf[(base + ((h2 >> _S32) & mask)).astype(np.intp)]
-        base += seg
-        fourth = np.where(cols["four"][rr], base + ((h2 >> _S48) & mask), np.uint64(0))
-        acc += buf[fourth.astype(np.intp)]
-        m = cols["m"][rr]
+        """`FuseSummary.contains_many` of key x[i] in row rr[i], for every i at once: the
+        rows' parameters in one gather, both hash streams mixed together, the 3 or 4 slot
+        values in one gather (an arity-3 row's 4th reads the buffer's zero at 0)."""
+        par = self._par.take(rr, axis=1)  # (parameter, pair): each row contiguous
+        z = par[_P_SALT0 : _P_SALT1 + 1] ^ x  # mix64 of both streams, in place
+        z ^= z >> _S30
+        z *= _M1
+        z ^= z >> _S27
+        z *= _M2
+        z ^= z >> _S31
+        h, h2 = z[0], z[1]
+        base = (((h >> _S32) * par[_P_STARTS]) >> _S32) << par[_P_SEG_LOG2]
+        base += par[_P_OFFSET]
+        at = (h2 >> _SHIFTS) & par[_P_SEG_MASK]  # (hash function, pair)
+        at += base
+        at += par[_P_SEG] * _STEPS
+        at[3] &= par[_P_FOUR]
+        acc = self._buf[at.view(np.int64)].sum(axis=0, dtype=np.uint64)
+        m = par[_P_M]
         return acc % m == ((h & _U32) * m) >> _S32
 
     def _correct(
@@ -378,12 +436,7 @@ class _Pairs:
             k = keys[0]
             self.row = np.flatnonzero((lo <= k) & (hi >= k))
             self.key = np.zeros(len(self.row), dtype=np.int64)
-            self.order = np.zeros(1, dtype=np.int64)
-            self.start = np.zeros(len(lo), dtype=np.int64)
-            self.count = np.zeros(len(lo), dtype=np.int64)
-            self.count[self.row] = 1
-            self.first = np.cumsum(self.count) - self.count
-            self.rank = self.order
+            self.order = None  # one key: rows found by bisecting `row` (sorted)
             return
         self.order = order = np.argsort(keys, kind="stable")
         ordered = keys[order]
@@ -399,13 +452,45 @@ class _Pairs:
         self.rank: np.ndarray | None = None  # sorted position of each key, when asked
 
     def of_row(self, j: int) -> np.ndarray:
+        if self.order is None:
+            return np.flatnonzero(self.row == j)
         first = int(self.first[j])
         return np.arange(first, first + int(self.count[j]))
 
     def find(self, i: int, j: int) -> int | None:
         """The pair of key `i` and row `j`, if the row's range holds the key."""
+        if self.order is None:
+            at = int(np.searchsorted(self.row, j))
+            return at if at < len(self.row) and int(self.row[at]) == j else None
         if self.rank is None:
             self.rank = np.empty(len(self.order), dtype=np.int64)
             self.rank[self.order] = np.arange(len(self.order))
         offset = int(self.rank[i]) - int(self.start[j])
         return int(self.first[j]) + offset if 0 <= offset < int(self.count[j]) else None
+
+
+class _RowSet:
+    """The rows of a set of slots and what a probe reads of them: key ranges, the slot of
+    each row counted from `base` (the set's first slot rounded down to a byte), and which
+    rows are not fuse filters (None when all are)."""
+
+    __slots__ = ("base", "fuse", "hi", "lo", "mask", "rows", "slot", "width")
+
+    def __init__(
+        self, rows: np.ndarray, first: int, last: int, mask: int, cols: dict[str, np.ndarray]
+    ) -> None:
+        self.rows, self.mask = rows, mask
+        self.lo, self.hi = cols["key_lo"][rows], cols["key_hi"][rows]
+        self.base = first & ~7
+        self.width = (last - self.base + 8) & ~7
+        self.slot = cols["slot"][rows] - self.base
+        fuse = cols["fuse"][rows]
+        self.fuse: np.ndarray | None = None if fuse.all() else fuse
+
+
+def _mask_of(slots: np.ndarray) -> int:
+    if len(slots) == 0:
+        return 0
+    flags = np.zeros(int(slots.max()) + 1, dtype=bool)
+    flags[slots] = True
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
