@@ -115,8 +115,9 @@ class FleetProbe:
                 setattr(self, name, col)
         dirty = np.flatnonzero(table.slot_generation[:n] != self._built_gen[:n])
         for slot in dirty.tolist():
-            self._drop_slot(slot)
-            self._add_slot(slot)
+            if not self._refill_slot(slot):
+                self._drop_slot(slot)
+                self._add_slot(slot)
             self._built_gen[slot] = table.slot_generation[slot]
             self.rebuilds += 1
         if self._dead > 4096 and self._dead * 2 > self._used:
@@ -135,14 +136,7 @@ class FleetProbe:
         for r in rows:
             if cols["fuse"][r]:
                 self._dead += int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
-            self._other.pop(r, None)
-            added, removed = self._row_corrections.pop(r, (None, None))
-            for keys, book in ((added, self._added), (removed, self._removed)):
-                for k in keys.tolist() if keys is not None else ():
-                    owners = book[k]
-                    owners.remove(r)
-                    if not owners:
-                        del book[k]
+            self._forget_row(r)
         # dead rows never match: an empty key range
         cols["key_lo"][rows.start : rows.stop] = 1
         cols["key_hi"][rows.start : rows.stop] = 0
@@ -173,17 +167,75 @@ class FleetProbe:
         par[:, :r] = self._par[:, :r]
         self._par = par
 
+    def _forget_row(self, r: int) -> None:
+        """Drop row r's per-row object and exact corrections from the books."""
+        self._other.pop(r, None)
+        added, removed = self._row_corrections.pop(r, (None, None))
+        for keys, book in ((added, self._added), (removed, self._removed)):
+            for k in keys.tolist() if keys is not None else ():
+                owners = book[k]
+                owners.remove(r)
+                if not owners:
+                    del book[k]
+
+    def _refill_slot(self, slot: int) -> bool:
+        """Rewrite a changed slot's rows where they stand, if its new summaries have the
+        old rows' shards, kinds and slot-value lengths (a site re-advertising filters of
+        the same geometry, the usual update): no buffer growth, the rows keep their
+        indices, so the remembered row sets stay valid. False (nothing changed) if not."""
+        rows = self._slot_rows.get(slot)
+        inst = self.table.instances[slot]
+        if rows is None or inst is None:
+            return False
+        new = [
+            (int(tier), lo, hi, receiver.state)
+            for tier, state in inst.tiers.items()
+            for (lo, hi), receiver in state.shards.items()
+            if receiver.state is not None
+        ]
+        if len(new) != len(rows):
+            return False
+        cols = self._cols
+        for r, (tier, lo, hi, summary) in zip(rows, new, strict=True):
+            if int(cols["tier"][r]) != tier or int(cols["key_lo"][r]) != lo:
+                return False
+            if int(cols["key_hi"][r]) != hi:
+                return False
+            base = summary.base if isinstance(summary, LayeredView) else summary
+            fuse = isinstance(base, FuseSummary) and base.m <= 256
+            if fuse != bool(cols["fuse"][r]):
+                return False
+            if fuse:
+                length = int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
+                if len(base.table_values()) != length:
+                    return False
+        for r, (tier, lo, hi, summary) in zip(rows, new, strict=True):
+            self._forget_row(r)
+            self._fill_row(r, slot, tier, lo, hi, summary, int(cols["offset"][r]))
+        return True
+
     def _add_row(self, slot: int, tier: int, lo: int, hi: int, summary: object) -> None:
         r = self._rows
         if r == len(self._cols["slot"]):
             self._grow()
+        self._fill_row(r, slot, tier, lo, hi, summary, None)
+        self._rows = r + 1
+
+    def _fill_row(
+        self, r: int, slot: int, tier: int, lo: int, hi: int, summary: object, at: int | None
+    ) -> None:
+        """Write row r; its slot values appended to the buffer, or over those at `at`."""
         cols = self._cols
         cols["slot"][r], cols["tier"][r] = slot, tier
         cols["key_lo"][r], cols["key_hi"][r] = lo, hi
         base = summary.base if isinstance(summary, LayeredView) else summary
         if isinstance(base, FuseSummary) and base.m <= 256:
             values = base.table_values()
-            offset = self._append(values)
+            if at is None:
+                offset = self._append(values)
+            else:
+                offset = at
+                self._buf[at : at + len(values)] = values
             cols["salt0"][r], cols["salt1"][r] = _salt(base.seed, 0), _salt(base.seed, 1)
             cols["starts"][r] = base.segments - base.arity + 1
             cols["seg_log2"][r] = base.seg_log2
@@ -201,7 +253,6 @@ class FleetProbe:
         else:
             cols["fuse"][r] = False
             self._other[r] = summary
-        self._rows = r + 1
 
     def _params(self, r: int) -> list[int]:
         """Row r's hashing parameters, a column of `_par`."""
