@@ -24,7 +24,12 @@ from tests.selector_fixtures import BYTES_PER_BLOCK, advert
 HALF = 1 << 63
 U64 = (1 << 64) - 1
 KINDS = (wire.SummaryKind.FUSE, wire.SummaryKind.BLOOM, wire.SummaryKind.EXACT)
-FUSE_TWO_SHARDS = (9, 21)  # fixture instances with one fuse tier of two shards
+# fixture instances with one tier of two shards, and their kind
+SAME_GEOMETRY = (
+    (9, wire.SummaryKind.FUSE),
+    (21, wire.SummaryKind.FUSE),
+    (13, wire.SummaryKind.BLOOM),
+)
 
 
 def shard_entry(summary, lo, hi, tier=wire.Tier.HBM, version=1, base=0, count=1):
@@ -136,16 +141,16 @@ def test_probe_follows_deltas_withdrawals_and_compaction(fleet):
     used, rows = probe._used, len(probe.rows_of(None))
     before = probe.rebuilds
     for round_ in range(3):
-        for i in FUSE_TWO_SHARDS:  # announced as such in the fixture, 200 keys
+        for i, kind in SAME_GEOMETRY:  # announced as such in the fixture, 200 keys
             split = int(np.count_nonzero(held[i][:200] < HALF))
             fresh = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64)  # as many per shard
             fresh[:split] &= np.uint64(HALF - 1)
             fresh[split:] |= np.uint64(HALF)
-            entries = entries_for(fresh, wire.SummaryKind.FUSE, 2, version=round_ + 2)
+            entries = entries_for(fresh, kind, 2, version=round_ + 2)
             announce(rib, i, entries, seq=round_ + 5, now_ms=3)
             asked = np.concatenate([fresh[:50], query])
             assert probe.held(asked) == reference(rib, asked)
-    assert probe.rebuilds - before == 6
+    assert probe.rebuilds - before == 3 * len(SAME_GEOMETRY)
     assert (probe._used, len(probe.rows_of(None))) == (used, rows)
     # many re-advertisements of other sizes: dead rows pile up, the buffer is
     # compacted, answers stay

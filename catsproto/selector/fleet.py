@@ -182,37 +182,89 @@ class FleetProbe:
         """Rewrite a changed slot's rows where they stand, if its new summaries have the
         old rows' shards, kinds and slot-value lengths (a site re-advertising filters of
         the same geometry, the usual update): no buffer growth, the rows keep their
-        indices, so the remembered row sets stay valid. False (nothing changed) if not."""
+        indices, so the remembered row sets stay valid; the columns are written a slot at
+        a time. False (nothing changed) if not."""
         rows = self._slot_rows.get(slot)
         inst = self.table.instances[slot]
-        if rows is None or inst is None:
+        if rows is None or inst is None or len(rows) == 0:
             return False
-        new = [
-            (int(tier), lo, hi, receiver.state)
-            for tier, state in inst.tiers.items()
-            for (lo, hi), receiver in state.shards.items()
-            if receiver.state is not None
-        ]
-        if len(new) != len(rows):
-            return False
+        tiers: list[int] = []
+        ranges: list[int] = []
+        states: list[object] = []
+        for tier, state in inst.tiers.items():
+            for (lo, hi), receiver in state.shards.items():
+                if receiver.state is not None:
+                    tiers.append(int(tier))
+                    ranges += (lo, hi)
+                    states.append(receiver.state)
+        part = slice(rows.start, rows.stop)
         cols = self._cols
-        for r, (tier, lo, hi, summary) in zip(rows, new, strict=True):
-            if int(cols["tier"][r]) != tier or int(cols["key_lo"][r]) != lo:
+        if len(states) != len(rows) or cols["tier"][part].tolist() != tiers:
+            return False
+        old = np.stack([cols["key_lo"][part], cols["key_hi"][part]], axis=1).ravel()
+        if old.tolist() != ranges:
+            return False
+        fuse_old = cols["fuse"][part].tolist()
+        length_old = (
+            (cols["starts"][part] + cols["four"][part] + 2) << cols["seg_log2"][part]
+        ).tolist()
+        bases = [st.base if isinstance(st, LayeredView) else st for st in states]
+        for base, fuse, length in zip(bases, fuse_old, length_old, strict=True):
+            if (isinstance(base, FuseSummary) and base.m <= 256) != fuse:
                 return False
-            if int(cols["key_hi"][r]) != hi:
+            if fuse and len(base.table_values()) != length:
                 return False
-            base = summary.base if isinstance(summary, LayeredView) else summary
-            fuse = isinstance(base, FuseSummary) and base.m <= 256
-            if fuse != bool(cols["fuse"][r]):
-                return False
-            if fuse:
-                length = int((cols["starts"][r] + cols["four"][r] + 2) << cols["seg_log2"][r])
-                if len(base.table_values()) != length:
-                    return False
-        for r, (tier, lo, hi, summary) in zip(rows, new, strict=True):
+        params: list[list[int]] = []
+        offsets = cols["offset"][part].tolist()
+        buf = self._buf
+        for j, r in enumerate(rows):
             self._forget_row(r)
-            self._fill_row(r, slot, tier, lo, hi, summary, int(cols["offset"][r]))
+            summary, base = states[j], bases[j]
+            if not fuse_old[j]:
+                self._other[r] = summary
+                params.append([0] * _P_WIDTH)
+                continue
+            values = base.table_values()
+            at = offsets[j]
+            buf[at : at + len(values)] = values
+            seg_log2 = base.seg_log2
+            params.append(
+                [
+                    _salt(base.seed, 0),
+                    _salt(base.seed, 1),
+                    base.segments - base.arity + 1,
+                    seg_log2,
+                    (1 << seg_log2) - 1,
+                    base.m,
+                    at,
+                    1 << seg_log2,
+                    _MASK64 if base.arity == 4 else 0,
+                ]
+            )
+            if isinstance(summary, LayeredView):
+                self._correct_row(r, summary)
+        par = np.array(params, dtype=np.uint64).T
+        fuse_rows = np.array(fuse_old, dtype=bool)
+        par[:, ~fuse_rows] = self._par[:, part][:, ~fuse_rows]
+        self._par[:, part] = par
+        for name, at in (
+            ("salt0", _P_SALT0),
+            ("salt1", _P_SALT1),
+            ("starts", _P_STARTS),
+            ("seg_log2", _P_SEG_LOG2),
+            ("seg_mask", _P_SEG_MASK),
+            ("m", _P_M),
+        ):
+            cols[name][part][fuse_rows] = par[at][fuse_rows]
+        cols["four"][part][fuse_rows] = par[_P_FOUR][fuse_rows] != 0
         return True
+
+    def _correct_row(self, r: int, summary: LayeredView) -> None:
+        """Book the exact additions and removals of the delta layered on row r."""
+        self._row_corrections[r] = (summary.added, summary.removed)
+        for keys, book in ((summary.added, self._added), (summary.removed, self._removed)):
+            for k in keys.tolist():
+                book.setdefault(k, []).append(r)
 
     def _add_row(self, slot: int, tier: int, lo: int, hi: int, summary: object) -> None:
         r = self._rows
@@ -246,10 +298,7 @@ class FleetProbe:
             cols["fuse"][r] = True
             self._par[:, r] = self._params(r)
             if isinstance(summary, LayeredView):
-                self._row_corrections[r] = (summary.added, summary.removed)
-                for keys, book in ((summary.added, self._added), (summary.removed, self._removed)):
-                    for k in keys.tolist():
-                        book.setdefault(k, []).append(r)
+                self._correct_row(r, summary)
         else:
             cols["fuse"][r] = False
             self._other[r] = summary
