@@ -274,3 +274,17 @@ def test_galloped_runs_decide_as_the_linear_walk(monkeypatch, spread):
     walk_pairs = walking._index[7].fleet.pairs
     # a wide near-equal margin makes more runs worth making exact
     assert gallop_pairs < walk_pairs / (1 if spread else 2), (gallop_pairs, walk_pairs)
+
+
+def test_remembered_row_set_follows_slots_announced_later(fleet):
+    rib, held, rng = fleet
+    probe = FleetProbe(rib.services[7])
+    slots = np.arange(32)  # 30 and 31 hold nothing yet
+    query = np.concatenate([held[0][:20], held[29][:20]])
+    assert probe.held(query, slots) == reference(rib, query)
+    fresh = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64)
+    announce(rib, 30, entries_for(fresh, wire.SummaryKind.FUSE, 1))
+    asked = np.concatenate([query, fresh[:20]])
+    got = probe.held(asked, slots)
+    assert got == reference(rib, asked)
+    assert all(m >> 30 & 1 for m in got[-20:])

@@ -396,11 +396,12 @@ class FleetProbe:
 
     def _new_row_set(self, slots: np.ndarray) -> _RowSet | None:
         slots = np.asarray(slots, dtype=np.int64)
+        mask = _mask_of(slots)  # every asked slot, rows or not: one added later drops the set
         slots = slots[slots < len(self._slot_start)]
         rows = self._rows_of(slots)
         if len(rows) == 0:
-            return _RowSet(rows, 0, 0, _mask_of(slots), self._cols)
-        return _RowSet(rows, int(slots.min()), int(slots.max()), _mask_of(slots), self._cols)
+            return _RowSet(rows, 0, 0, mask, self._cols)
+        return _RowSet(rows, int(slots.min()), int(slots.max()), mask, self._cols)
 
     def _rows_of(self, slots: np.ndarray) -> np.ndarray:
         starts, stops = self._slot_start[slots], self._slot_stop[slots]
