@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from catsproto import wire
@@ -48,13 +49,10 @@ from catsproto.node import DampeningPolicy, TierSpec
 from catsproto.node.aggregate import SiteAggregator, SiteMember
 from catsproto.security import Policy as SecurityPolicy
 from catsproto.security import Receiver, SigningKey, sign
+from catsproto.selector.rib import ServiceTable
 from catsproto.sim.cluster import Cluster, ceil_ms
-from catsproto.sim.control import CS_ID, _seed, enrol
-from catsproto.sim.hierarchy import (
-    DeadReckoningSelector,
-    HierarchicalControlPlane,
-    HierarchicalPolicy,
-)
+from catsproto.sim.control import _seed, enrol
+from catsproto.sim.hierarchy import HierarchicalControlPlane, HierarchicalPolicy
 from catsproto.sim.policies import POLICIES
 from catsproto.sim.trace import PreparedTrace
 
@@ -203,28 +201,10 @@ class AggregatedPolicy(HierarchicalPolicy):
         for address, s in self.control.site_index.items():
             self._index[address] = s * sc.instances_per_site
 
-    def _signal(self, x: int, s: int, t: int) -> None:
-        """The overflow signal (`HierarchicalPolicy._signal`) where site s's box knows
-        site x only by its aggregate: the least queue at x is a floor for that one
-        route (the aggregate's queue is the pooled wait of x's instances)."""
-        control = self.control
-        local = control.local_selectors[x]
-        assert isinstance(local, DeadReckoningSelector)
-        home = control.local_ribs[x].services.get(CS_ID)
-        box = control.selectors[s]
-        assert isinstance(box, DeadReckoningSelector)
-        table = box.rib.services.get(CS_ID)
-        if home is None or table is None:
-            return
-        address = ipaddress.ip_address(site_address(x))
-        site = table.by_address.get(address)
-        if site is None:
-            return
-        floor = min(local.queued_ms(home, i.slot, t) for i in home.by_address.values())
-        gap = floor - box.queued_ms(table, site.slot, t)
-        if gap > 0:
-            tokens = gap * float(table.prefill_tps[site.slot]) / 1000
-            box.note(CS_ID, address, t, tokens)
+    def _routes_of_site(self, x: int, home: ServiceTable) -> Iterable[object]:
+        """Beyond site x its aggregate is the one route (its queue is the pooled wait of
+        x's instances), so the overflow signal floors that."""
+        return (ipaddress.ip_address(site_address(x)),)
 
 
 def _variant(name: str, options: AggregateOptions) -> type[AggregatedPolicy]:

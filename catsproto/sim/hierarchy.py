@@ -37,6 +37,7 @@ Pure and deterministic, like the rest of `catsproto.sim`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -251,8 +252,8 @@ class HierarchicalPolicy(CatsprotoPolicy):
     def _signal(self, x: int, s: int, t: int) -> None:
         """A request ingress x sends to site s says how busy x's own site is (x's box
         knows it exactly): the least queue there. Site s's box takes it as a floor
-        for every instance of x, so its own ingress does not send work back into a
-        site that is itself sending work away."""
+        for each route by which it knows x (`_routes_of_site`), so its own ingress
+        does not send work back into a site that is itself sending work away."""
         control = self.control
         local = control.local_selectors[x]
         assert isinstance(local, DeadReckoningSelector)
@@ -265,13 +266,17 @@ class HierarchicalPolicy(CatsprotoPolicy):
         floor = min(local.queued_ms(home, i.slot, t) for i in home.by_address.values())
         if floor <= 0:
             return
-        for address in home.by_address:
+        for address in self._routes_of_site(x, home):
             inst = table.by_address.get(address)
             if inst is None:
                 continue
             gap = floor - box.queued_ms(table, inst.slot, t)
             if gap > 0:
                 box.note(CS_ID, address, t, gap * float(table.prefill_tps[inst.slot]) / 1000)
+
+    def _routes_of_site(self, x: int, home: ServiceTable) -> Iterable[object]:
+        """The addresses by which other sites' boxes know site x: its instances."""
+        return home.by_address
 
     def _site_pick(self, s: int, r: int, t: int, *, dry: bool = False) -> Estimate | None:
         """Site s's C-PS places request r (`dry`: only says where, records nothing)."""
