@@ -124,8 +124,12 @@ def test_stopped_instance_disappears(lab3):
         lab3.wait_for(
             lambda: {r["origin"] for r in lab3.routes("rcv")} >= origins, 20, "both instances"
         )
-        shard_routes = [r for r in lab3.routes("rcv") if r["prefix"].startswith("10.201.")]
-        assert shard_routes, "each instance announces shard routes from its own range"
+        # a main route can land before its shard routes (separate UPDATEs): wait for them
+        lab3.wait_for(
+            lambda: any(r["prefix"].startswith("10.201.") for r in lab3.routes("rcv")),
+            20,
+            "each instance announces shard routes from its own range",
+        )
     finally:
         lab3.handle.stop(proc)  # SIGTERM: the instance stops and withdraws its routes
     lab3.wait_for(
