@@ -8,7 +8,8 @@ generality costs more than the rest of the checks together (about 3 µs per reco
 the code one would write by hand for that class: a precompiled `struct` per run of
 fixed-width fields, range checks inlined as comparisons, enum lookups as dict gets,
 lists of fixed-width items unpacked with `iter_unpack`, and the frozen object filled
-slot by slot (its range checks already done while reading). The function works on
+through its slot-compatible twin (`filling_class`; its range checks already done while
+reading). The function works on
 `(data, pos, end)` integers, with no `Reader` and no intermediate objects. On top,
 `compile_sequence` inlines the registered TLV types' bodies into one function that
 decodes an advertisement's TLVs in increasing type order without a call per TLV.
