@@ -168,3 +168,30 @@ def test_unknown_codecs_run_through_a_reader_in_compiled_code():
     assert compiled(data, registry).get(Experimental) == Experimental(b"abcd", 7)
     assert "Reader(" in registry.compiled[300].source
     assert dataclasses.is_dataclass(Experimental)
+
+
+def test_twin_filled_records_are_ordinary_frozen_records():
+    """Records filled through their slot twin (`filling_class`) are of the real class,
+    frozen and hashable, and equal to the same records made by their constructors."""
+    from catsproto.examples import examples, large_advertisement
+
+    def records(obj: object):
+        if dataclasses.is_dataclass(obj):
+            yield obj
+            for f in dataclasses.fields(obj):
+                yield from records(getattr(obj, f.name))
+        elif isinstance(obj, tuple):
+            for item in obj:
+                yield from records(item)
+
+    for adv in [e.advertisement for e in examples()] + [large_advertisement()]:
+        got = compiled(wire.encode(adv))
+        assert got == adv
+        made = list(records(adv))
+        decoded = list(records(got))
+        assert [type(r) for r in decoded] == [type(r) for r in made]
+        for r in decoded:
+            first = dataclasses.fields(r)[0].name
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(r, first, getattr(r, first))
+        assert {hash(t) for t in got.tlvs} == {hash(t) for t in adv.tlvs}
