@@ -264,9 +264,9 @@ def test_galloped_runs_decide_as_the_linear_walk(monkeypatch, spread):
         asks += [np.concatenate([p[:30], rng.integers(0, 2**63, 70, dtype=np.uint64)])]
     for n, keys in enumerate(asks):
         req = Request(7, keys, len(keys) * 512, "ingress")
-        monkeypatch.setattr(index_module, "GALLOP_MIN_LOOKUPS", 0)  # gallop whenever it may
+        monkeypatch.setattr(index_module, "STAGE_MIN_LOOKUPS", 0)  # bound whenever it may
         got = galloping.decide(req, now_ms=n)
-        monkeypatch.setattr(index_module, "GALLOP_MIN_SLOTS", 10**9)  # never
+        monkeypatch.setattr(index_module, "STAGE_MIN_SLOTS", 10**9)  # never
         want = walking.decide(req, now_ms=n)
         monkeypatch.undo()
         assert got.chosen == want.chosen and got.runner_up == want.runner_up, n

@@ -415,15 +415,50 @@ class FleetProbe:
 
     def held(self, keys: np.ndarray, slots: np.ndarray | None = None) -> list[int]:
         """Per key, the bitmask of slots (of `slots`, or all) whose summaries hold it."""
-        self.sync()
         keys = np.asarray(keys, dtype=np.uint64)
         n_keys = len(keys)
-        rs = self._row_set(slots)
-        if n_keys == 0 or rs is None or len(rs.rows) == 0:
+        found = self._probe(keys, slots)
+        if found is None:
             return [0] * n_keys
+        rs, ki, rj, hit = found
+        # one bit per slot from the set's first (rounded down to a byte) to its last
+        dense = np.zeros((n_keys, rs.width), dtype=bool)
+        dense[ki[hit], rs.slot[rj[hit]]] = True
+        raw = np.packbits(dense, axis=1, bitorder="little").tobytes()
+        width, base = rs.width >> 3, rs.base
+        return [
+            int.from_bytes(raw[at : at + width], "little") << base
+            for at in range(0, len(raw), width)
+        ]
+
+    def hits(self, keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Whether each of `slots` (distinct) holds each key: a (key, slot) boolean
+        array, the same answers as `held` without building a bitmask per key (what a
+        caller that reads a few slots' columns wants)."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        out = np.zeros((len(keys), len(slots)), dtype=bool)
+        found = self._probe(keys, slots)
+        if found is None:
+            return out
+        rs, ki, rj, hit = found
+        if rs.column is None:  # each row's position in the asked slots
+            order = np.argsort(slots)
+            rs.column = order[np.searchsorted(slots[order], rs.slot + rs.base)]
+        out[ki[hit], rs.column[rj[hit]]] = True
+        return out
+
+    def _probe(
+        self, keys: np.ndarray, slots: np.ndarray | None
+    ) -> tuple[_RowSet, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The row set of `slots`, the (key, row) pairs whose shard range holds the key
+        and whether each row's filter holds its key; None if nothing to ask."""
+        self.sync()
+        rs = self._row_set(slots)
+        if len(keys) == 0 or rs is None or len(rs.rows) == 0:
+            return None
         rows = rs.rows
         pairs: _Pairs | _DensePairs
-        if n_keys * len(rows) <= _DENSE_PAIRS:
+        if len(keys) * len(rows) <= _DENSE_PAIRS:
             pairs = _DensePairs(keys, rs.lo, rs.hi)
         else:
             pairs = _Pairs(keys, rs.lo, rs.hi)
@@ -445,15 +480,7 @@ class FleetProbe:
                     self.pairs += len(at)
         if self._added or self._removed:
             self._correct(keys, rows, pairs, hit)
-        # one bit per slot from the set's first (rounded down to a byte) to its last
-        dense = np.zeros((n_keys, rs.width), dtype=bool)
-        dense[ki[hit], rs.slot[rj[hit]]] = True
-        raw = np.packbits(dense, axis=1, bitorder="little").tobytes()
-        width, base = rs.width >> 3, rs.base
-        return [
-            int.from_bytes(raw[at : at + width], "little") << base
-            for at in range(0, len(raw), width)
-        ]
+        return rs, ki, rj, hit
 
     def _fuse_hits(self, x: np.ndarray, rr: np.ndarray) -> np.ndarray:
         """`FuseSummary.contains_many` of key x[i] in row rr[i], for every i at once: the
@@ -575,7 +602,7 @@ class _RowSet:
     each row counted from `base` (the set's first slot rounded down to a byte), and which
     rows are not fuse filters (None when all are)."""
 
-    __slots__ = ("base", "fuse", "hi", "lo", "mask", "rows", "slot", "width")
+    __slots__ = ("base", "column", "fuse", "hi", "lo", "mask", "rows", "slot", "width")
 
     def __init__(
         self, rows: np.ndarray, first: int, last: int, mask: int, cols: dict[str, np.ndarray]
@@ -587,6 +614,7 @@ class _RowSet:
         self.slot = cols["slot"][rows] - self.base
         fuse = cols["fuse"][rows]
         self.fuse: np.ndarray | None = None if fuse.all() else fuse
+        self.column: np.ndarray | None = None  # each row's slot's position (`hits`)
 
 
 def _mask_of(slots: np.ndarray) -> int:

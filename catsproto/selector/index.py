@@ -31,13 +31,12 @@ from catsproto.selector.fleet import FleetProbe
 from catsproto.selector.rib import ServiceTable
 
 CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by then
-# A new prompt's last chunk is galloped when at least this many slots enter it, it has
-# at least this many keys, and asking all of them every key would take this many
-# lookups (below, one pass over every key is quicker than the gallop's ~7 passes).
-GALLOP_MIN_SLOTS = 8
-GALLOP_MIN_KEYS = 32
-GALLOP_MIN_LOOKUPS = 8192
-GALLOP_STRIDE = 16  # keys between the positions a gallop asks first
+# The walk stops before a chunk nobody has walked yet when at least this many slots
+# would enter it and asking them the rest of the prompt would take this many lookups:
+# their runs are left bounded for the selector's staged search (below, one pass over
+# every key is quicker than the few small passes of that search).
+STAGE_MIN_SLOTS = 8
+STAGE_MIN_LOOKUPS = 2048
 
 
 @dataclass
@@ -59,15 +58,14 @@ class KeyIndex:
         self.max_chunks = max_chunks
         self._chunks: dict[tuple[int, int], _Chunk] = {}
         self.probes = 0  # fleet-probe calls made, for benchmarks and tests
-        # per (prompt, candidates): a gallop's groups, and exact runs, at a generation
-        self._gallops: dict[tuple[bytes, int], tuple[int, tuple[list, list]]] = {}
+        # per (prompt, candidates): exact runs, at a generation
         self._runs: dict[tuple[bytes, int], tuple[int, tuple[np.ndarray, np.ndarray]]] = {}
         self._answers: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def prefix_lengths(self, keys: np.ndarray, candidates: int) -> tuple[np.ndarray, np.ndarray]:
         """The slots (among the bitmask `candidates`) whose summaries hold one or more
         leading `keys`, and how many leading keys each holds: two int64 arrays."""
-        hs, ks, loose = self.prefix_bounds(keys, candidates)
+        hs, ks, loose, lo = self.prefix_bounds(keys, candidates)
         if not loose.any():
             return hs, ks
         name = (keys.tobytes(), candidates)
@@ -75,7 +73,7 @@ class KeyIndex:
         if known is not None and known[0] == self.table.generation:
             return known[1]
         ks = ks.copy()
-        ks[loose] = self.verify(keys, hs[loose], ks[loose])
+        ks[loose] = self.verify(keys, hs[loose], ks[loose], lo[loose])
         ks.flags.writeable = False
         if len(self._runs) >= 4096:
             self._runs.clear()
@@ -84,12 +82,15 @@ class KeyIndex:
 
     def prefix_bounds(
         self, keys: np.ndarray, candidates: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """As `prefix_lengths`, but where many slots enter the long last chunk of a new
-        prompt, their runs are only bounded from above by a gallop (see `_gallop`):
-        the third array marks those (`verify` gives their exact runs)."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """As `prefix_lengths`, but where many slots would walk a long chunk nobody has
+        walked yet, the walk stops there: those slots' runs are only bounded from above
+        (by the prompt's length). The third array marks them, the fourth is how many
+        leading keys each slot is known to hold (its run, where exact). `verify` and
+        `tighten` narrow the bounds; the selector does so only where its decision reads
+        them."""
         groups: list[tuple[int, int]] = []  # (bitmask of slots, their prefix length)
-        bounded: list[tuple[int, int]] = []  # (bitmask of slots, an upper bound on it)
+        bounded: list[tuple[int, int]] = []  # (bitmask of slots, known-held length)
         running = candidates
         n = len(keys)
         pos = 0
@@ -98,14 +99,12 @@ class KeyIndex:
             # first key alone (asked of everyone), then CHUNK keys, then the rest
             end = 1 if pos == 0 else min(n, pos + CHUNK) if pos == 1 else n
             if (
-                pos == CHUNK + 1
-                and end - pos >= GALLOP_MIN_KEYS
-                and running.bit_count() >= GALLOP_MIN_SLOTS
-                and running.bit_count() * (end - pos) >= GALLOP_MIN_LOOKUPS
+                pos
+                and running.bit_count() >= STAGE_MIN_SLOTS
+                and running.bit_count() * (n - pos) >= STAGE_MIN_LOOKUPS
                 and not self._known(keys, pos, end, running)
             ):
-                exact, bounded = self._gallop(keys, pos, running, candidates)
-                groups.extend(exact)
+                bounded.append((running, pos))
                 running = 0
                 break
             chunk = self._chunk(keys, pos, end, running)
@@ -132,16 +131,19 @@ class KeyIndex:
         if running:
             groups.append((running, n))
         if not groups and not bounded:
-            return _EMPTY, _EMPTY, _NONE
-        answer = (tuple(groups), tuple(bounded))
+            return _EMPTY, _EMPTY, _NONE, _EMPTY
+        answer = (n, tuple(groups), tuple(bounded))
         out = self._answers.get(answer)
         if out is None:  # the same holders recur with the same prompts: remember
             parts = [_slots_array(mask) for mask, _ in groups + bounded]
             sizes = [len(p) for p in parts]
-            lengths = np.repeat(np.array([k for _, k in groups + bounded], dtype=np.int64), sizes)
+            known = np.array([k for _, k in groups + bounded], dtype=np.int64)
+            held = np.repeat(known, sizes)
+            lengths = held.copy()
             loose = np.zeros(len(lengths), dtype=bool)
             loose[sum(sizes[: len(groups)]) :] = True
-            out = (np.concatenate(parts), lengths, loose)
+            lengths[loose] = n
+            out = (np.concatenate(parts), lengths, loose, held)
             for a in out:
                 a.flags.writeable = False
             if len(self._answers) >= 4096:
@@ -158,87 +160,50 @@ class KeyIndex:
             and running & ~entry.scope == 0
         )
 
-    def _gallop(
-        self, keys: np.ndarray, start: int, running: int, candidates: int
-    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """Ask every running slot (all hold keys[:start]) for the keys at start, start +
-        1, + 3, + 7, ... and the last, in one pass, instead of every key of the rest.
-        A slot that misses the first of them holds exactly `start` keys; one that first
-        misses at position p holds at most p (a filter has no false negatives); one that
-        misses none, at most all. Under the prefix property those bounds are the runs,
-        up to a false positive at a probed position; `verify` makes them exact where it
-        matters. Returns (exact groups, bounded groups) as (bitmask, length)."""
-        name = (keys.tobytes(), candidates)
-        known = self._gallops.get(name)
-        if known is not None and known[0] == self.table.generation:
-            return known[1]
-        n = len(keys)
-        at = list(range(start, n, GALLOP_STRIDE))
-        if at[-1] != n - 1:
-            at.append(n - 1)
-        masks = self.fleet.held(keys[at], _slots_array(running))
-        self.probes += 1
-        exact: list[tuple[int, int]] = []
-        bounded: list[tuple[int, int]] = []
-        brackets: dict[tuple[int, int], int] = {}  # (held at, missed at) -> slots
-        prev = start - 1  # every running slot holds keys[:start]
-        for p, mask in zip(at, masks, strict=True):
-            out = running & ~mask
-            if out:
-                if p == start:  # contiguous with what is known held: exact
-                    exact.append((out, p))
-                else:
-                    brackets[(prev, p)] = out
-                running &= mask
-                if not running:
-                    break
-            prev = p
-        if running:
-            bounded.append((running, n))
-        # halve each bracket (slots that held `lo` and missed `hi`) down to neighbours
-        while brackets:
-            mids = sorted({(lo + hi) // 2 for lo, hi in brackets})
-            asked = 0
-            for mask in brackets.values():
-                asked |= mask
-            answers = dict(zip(mids, self.fleet.held(keys[mids], _slots_array(asked)), strict=True))
-            self.probes += 1
-            halves: dict[tuple[int, int], int] = {}
-            for (lo, hi), mask in brackets.items():
-                mid = (lo + hi) // 2
-                for part, (a, b) in (
-                    (mask & answers[mid], (mid, hi)),
-                    (mask & ~answers[mid], (lo, mid)),
-                ):
-                    if not part:
-                        continue
-                    if b - a == 1:
-                        bounded.append((part, b))
-                    else:
-                        halves[(a, b)] = halves.get((a, b), 0) | part
-            brackets = halves
-        if len(self._gallops) >= 4096:
-            self._gallops.clear()
-        self._gallops[name] = (self.table.generation, (exact, bounded))
-        return exact, bounded
-
-    def verify(self, keys: np.ndarray, slots: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-        """The exact runs of `slots` (each known to hold keys[:CHUNK + 1]) whose runs
-        are at most `bounds`: every key in between is asked of them."""
-        start = CHUNK + 1
-        top = int(bounds.max())
+    def verify(
+        self, keys: np.ndarray, slots: np.ndarray, bounds: np.ndarray, held: np.ndarray
+    ) -> np.ndarray:
+        """The exact runs of `slots`, each known to hold its first `held`
+        keys and to hold at most `bounds`: every key in between is asked of them (one
+        pass)."""
         runs = np.array(bounds, dtype=np.int64)
+        if not len(runs):
+            return runs
+        start, top = int(held.min()), int(bounds.max())
         if top <= start:
             return runs
-        masks = self.fleet.held(keys[start:top], slots)
+        hit = self.fleet.hits(keys[start:top], slots)
         self.probes += 1
-        bits = [1 << int(s) for s in slots.tolist()]
-        for j, bit in enumerate(bits):
-            for offset, mask in enumerate(masks[: int(bounds[j]) - start]):
-                if not mask & bit:
-                    runs[j] = start + offset
-                    break
+        pos = np.arange(start, top)[:, None]
+        miss = ~hit & (pos >= held) & (pos < bounds)
+        first = miss.argmax(axis=0)
+        short = miss[first, np.arange(len(runs))]
+        runs[short] = start + first[short]
         return runs
+
+    def tighten(
+        self,
+        keys: np.ndarray,
+        slots: np.ndarray,
+        bounds: np.ndarray,
+        held: np.ndarray,
+        at: list[int],
+    ) -> np.ndarray:
+        """Lower bounds: ask `slots` the keys at positions `at` (ascending)
+        in one pass; a slot that misses the key at p holds at most p leading keys (a
+        filter has no false negatives). Only positions between a slot's `held` and its
+        bound count."""
+        out = np.array(bounds, dtype=np.int64)
+        if not len(out) or not at:
+            return out
+        hit = self.fleet.hits(keys[at], slots)
+        self.probes += 1
+        pos = np.array(at, dtype=np.int64)[:, None]
+        miss = ~hit & (pos >= held) & (pos < bounds)
+        first = miss.argmax(axis=0)
+        short = miss[first, np.arange(len(out))]
+        out[short] = pos[first[short], 0]
+        return out
 
     def _chunk(self, keys: np.ndarray, start: int, end: int, running: int) -> _Chunk:
         table = self.table

@@ -50,6 +50,12 @@ INF = float("inf")
 # Above this many candidates the remote-KV option reads the source site's vectors to all
 # sites (built once per site node) rather than one path each.
 _FEW_PULLS = 64
+# Staged search over bounded runs: after this many passes that lower bounds at known run
+# ends, every loose holder still within the leaders' bar is made exact in one pass.
+MAX_STAGES = 3
+# Loose holders made exact together: those the decision reads, then the best others at
+# their bounds up to this many (one pass; they are the likeliest leaders of the next round)
+BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -395,7 +401,7 @@ class PathSelector:
         base += queue
         keys = request.block_keys
         plan = self._holders(table, keys, tokens, candidates, slots, pick) if len(keys) else None
-        loosened = False
+        stages = 0
         while True:
             total = base + prefill_full
             priced = _Priced(rtt, upload, queue, total, prefill_full)
@@ -419,10 +425,10 @@ class PathSelector:
             )
             if plan is None or not plan.loose_left:
                 break
-            # Runs only bounded from above (a gallop) price a holder at its best: it can
-            # only lose by the exact run. Make exact every one that the decision reads
-            # (the leaders, the near-equal set, the KV source) and decide again; the
-            # others cannot come ahead of them.
+            # Runs only bounded from above price a holder at its best: it can only lose
+            # by the exact run. Make exact every one that the decision reads (the
+            # leaders, the near-equal set, the KV source) and decide again; the others
+            # cannot come ahead of them.
             watch = set(order)
             if spread:
                 watch.update(np.flatnonzero(total <= total.min() + cfg.spread_ms).tolist())
@@ -431,15 +437,24 @@ class PathSelector:
                 need.append(plan.src)
             if not need:
                 break
-            if loosened:
-                # bounds were seen to be loose: make exact at once every holder that, at
-                # its bound, is within the leaders' bar (one pass, not one per round)
+            if len(need) < BATCH:  # with them, the next best loose holders at their bounds
+                loose_at = np.flatnonzero(plan.loose)
+                held_total = total[plan.idx[loose_at]]
+                if len(loose_at) > BATCH:
+                    best = np.argpartition(held_total, BATCH)[:BATCH]
+                    loose_at = loose_at[best[np.argsort(held_total[best], kind="stable")]]
+                else:
+                    loose_at = loose_at[np.argsort(held_total, kind="stable")]
+                need += loose_at[:BATCH].tolist()
+            if stages >= MAX_STAGES:
+                # bounds keep proving loose: make exact at once every holder that, at its
+                # bound, is within the leaders' bar or could be the KV source
                 bar = float(total[order[-1]]) + (cfg.spread_ms if spread else 0.0)
                 within = total[plan.idx] <= bar
-                deeper = plan.expected >= plan.expected[plan.src]  # could be the source
+                deeper = plan.expected >= plan.expected[plan.src]
                 need += np.flatnonzero(plan.loose & (within | deeper)).tolist()
-            plan, moved = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
-            loosened |= moved
+            plan = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
+            stages += 1
         if spread:
             order = self._spread(total, cfg.spread_ms).tolist()
         best = self._estimate(table, slots, order[0], request, priced)
@@ -481,16 +496,16 @@ class PathSelector:
         plan = plans.get(name)
         if plan is not None and plan.generation == table.generation:
             return plan
-        hs, ks, loose = index.prefix_bounds(keys, candidates)
+        hs, ks, loose, held = index.prefix_bounds(keys, candidates)
         if loose.any():
             # a holder with tiers beyond HBM may lose by a longer run (its fetch grows):
             # only runs of HBM-only holders are left bounded
             deep = loose & ~table.hbm_only[hs]
             if deep.any():
-                ks, loose = ks.copy(), loose.copy()
-                ks[deep] = index.verify(keys, hs[deep], ks[deep])
+                ks, loose, held = ks.copy(), loose.copy(), held.copy()
+                ks[deep] = held[deep] = index.verify(keys, hs[deep], ks[deep], held[deep])
                 loose[deep] = False
-        plan = _Holders.price(table, self.config, hs, ks, tokens, slots, pick, loose)
+        plan = _Holders.price(table, self.config, hs, ks, tokens, slots, pick, loose, held)
         if len(plans) >= 4096:
             plans.clear()
         plans[name] = plan
@@ -506,19 +521,30 @@ class PathSelector:
         pick: slice | np.ndarray,
         plan: _Holders,
         need: list[int],
-    ) -> tuple[_Holders, bool]:
+    ) -> _Holders:
         """The plan with the exact runs of holders `need` (positions) in place of their
-        bounds, remembered in its place; and whether any run was below its bound."""
+        bounds, remembered in its place. Where a run fell short of its bound, the
+        position of the key it missed joins the plan's `ends`, and every other loose
+        holder is asked the keys at the ends it has not been asked yet (one pass more;
+        a miss at p bounds its run by p: staged, the next round makes exact only those
+        that still matter)."""
+        index = self._index[table.cs_id]
         at = np.unique(np.array(need, dtype=np.int64))
         at = at[plan.loose[at]]
-        ks, loose = plan.ks.copy(), plan.loose.copy()
-        exact = self._index[table.cs_id].verify(keys, plan.hs[at], ks[at])
-        moved = bool((exact != ks[at]).any())
-        ks[at] = exact
+        ks, loose, held = plan.ks.copy(), plan.loose.copy(), plan.held.copy()
+        exact = index.verify(keys, plan.hs[at], ks[at], held[at])
+        short = exact[exact != ks[at]].tolist()
+        ks[at] = held[at] = exact
         loose[at] = False
-        fresh = _Holders.price(table, self.config, plan.hs, ks, tokens, slots, pick, loose)
+        new_ends = sorted(set(short).difference(plan.ends))
+        if new_ends and loose.any():
+            # the whole holder set is asked (its row set recurs with the prompt's holders)
+            ks = index.tighten(keys, plan.hs, ks, held, new_ends)
+            loose &= ks > held
+        fresh = _Holders.price(table, self.config, plan.hs, ks, tokens, slots, pick, loose, held)
+        fresh.ends = sorted(plan.ends + new_ends) if new_ends else plan.ends
         self._plans[table.cs_id][(keys.tobytes(), candidates, tokens)] = fresh
-        return fresh, moved
+        return fresh
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
         """Power of two choices among the candidates within `margin` ms of the best."""
@@ -704,8 +730,10 @@ class _Holders:
     __slots__ = (
         "_at",
         "deep",
+        "ends",
         "expected",
         "generation",
+        "held",
         "hs",
         "idx",
         "ks",
@@ -724,6 +752,9 @@ class _Holders:
         self.pull: tuple | None = None  # the source's pull terms, see _pull_terms
         self._at: dict[int, int] | None = None
         self.loose_left = False  # some run in `ks` is only an upper bound (`loose`)
+        # positions of keys that exact runs missed short of their bounds (ascending),
+        # each asked of every holder still loose when it was found (`_verified`)
+        self.ends: list[int] = []
 
     @classmethod
     def price(
@@ -736,11 +767,14 @@ class _Holders:
         slots: np.ndarray,
         pick: slice | np.ndarray,
         loose: np.ndarray,
+        held: np.ndarray,
     ) -> _Holders:
+        """`ks` are the runs (upper bounds where `loose`), `held` how many leading keys
+        each holder is known to hold (its run where exact)."""
         plan = cls(table.generation)
         if not len(hs):
             return plan
-        plan.hs, plan.ks, plan.loose = hs, ks, loose
+        plan.hs, plan.ks, plan.loose, plan.held = hs, ks, loose, held
         plan.loose_left = bool(loose.any())
         plan.idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
         exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
