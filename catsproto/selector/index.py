@@ -36,7 +36,7 @@ CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by
 # their runs are left bounded for the selector's staged search (below, one pass over
 # every key is quicker than the few small passes of that search).
 STAGE_MIN_SLOTS = 8
-STAGE_MIN_LOOKUPS = 2048
+STAGE_MIN_LOOKUPS = 1024
 
 
 @dataclass

@@ -53,8 +53,9 @@ _FEW_PULLS = 64
 # Staged search over bounded runs: after this many passes that lower bounds at known run
 # ends, every loose holder still within the leaders' bar is made exact in one pass.
 MAX_STAGES = 3
-# Loose holders made exact together: those the decision reads, then the best others at
-# their bounds up to this many (one pass; they are the likeliest leaders of the next round)
+# Loose holders made exact together, besides those the decision reads: this many of the
+# best at their bounds and this many of the deepest (one pass; the likeliest leaders and
+# KV sources of the next round)
 BATCH = 4
 
 
@@ -437,15 +438,17 @@ class PathSelector:
                 need.append(plan.src)
             if not need:
                 break
-            if len(need) < BATCH:  # with them, the next best loose holders at their bounds
-                loose_at = np.flatnonzero(plan.loose)
-                held_total = total[plan.idx[loose_at]]
-                if len(loose_at) > BATCH:
-                    best = np.argpartition(held_total, BATCH)[:BATCH]
-                    loose_at = loose_at[best[np.argsort(held_total[best], kind="stable")]]
-                else:
-                    loose_at = loose_at[np.argsort(held_total, kind="stable")]
-                need += loose_at[:BATCH].tolist()
+            # with them, the likeliest leaders and KV sources of the next round: the best
+            # other loose holders at their bounds, and the deepest (ties: lowest slot)
+            loose_at = np.flatnonzero(plan.loose)
+            if len(loose_at) > BATCH:
+                by_total = total[plan.idx[loose_at]]
+                best = np.argpartition(by_total, BATCH)[:BATCH]
+                need += loose_at[best].tolist()
+                by_depth = np.lexsort((plan.hs[loose_at], -plan.expected[loose_at]))
+                need += loose_at[by_depth[:BATCH]].tolist()
+            else:
+                need += loose_at.tolist()
             if stages >= MAX_STAGES:
                 # bounds keep proving loose: make exact at once every holder that, at its
                 # bound, is within the leaders' bar or could be the KV source
@@ -453,8 +456,12 @@ class PathSelector:
                 within = total[plan.idx] <= bar
                 deeper = plan.expected >= plan.expected[plan.src]
                 need += np.flatnonzero(plan.loose & (within | deeper)).tolist()
-            plan = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
+            plan, moved = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
             stages += 1
+            if not moved:
+                # every run made exact was at its bound: the estimates are those just
+                # priced, and every holder the decision reads is now exact
+                break
         if spread:
             order = self._spread(total, cfg.spread_ms).tolist()
         best = self._estimate(table, slots, order[0], request, priced)
@@ -521,9 +528,10 @@ class PathSelector:
         pick: slice | np.ndarray,
         plan: _Holders,
         need: list[int],
-    ) -> _Holders:
+    ) -> tuple[_Holders, bool]:
         """The plan with the exact runs of holders `need` (positions) in place of their
-        bounds, remembered in its place. Where a run fell short of its bound, the
+        bounds, remembered in its place, and whether any run fell short of its bound.
+        Where a run fell short of its bound, the
         position of the key it missed joins the plan's `ends`, and every other loose
         holder is asked the keys at the ends it has not been asked yet (one pass more;
         a miss at p bounds its run by p: staged, the next round makes exact only those
@@ -544,7 +552,7 @@ class PathSelector:
         fresh = _Holders.price(table, self.config, plan.hs, ks, tokens, slots, pick, loose, held)
         fresh.ends = sorted(plan.ends + new_ends) if new_ends else plan.ends
         self._plans[table.cs_id][(keys.tobytes(), candidates, tokens)] = fresh
-        return fresh
+        return fresh, bool(short)
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
         """Power of two choices among the candidates within `margin` ms of the best."""
