@@ -300,7 +300,8 @@ def test_staged_search_leaves_holders_that_cannot_win_bounded(monkeypatch, sprea
     staged, walking = PathSelector(rib, net, cfg), PathSelector(rib, net, cfg)
     table = rib.services[7]
     busy_slots = {table.by_address[addr(i)].slot for i in range(12, 24)}
-    for n, keys in enumerate([prompt, prompt[:100], prompt[:70]]):
+    tail = rng.integers(0, 2**64 - 1, size=40, dtype=np.uint64)
+    for n, keys in enumerate([prompt, prompt[:100], np.concatenate([prompt[:80], tail])]):
         req = Request(7, keys, len(keys) * 512, "ingress")
         got = staged.decide(req, now_ms=2 + n)
         monkeypatch.setattr(index_module, "STAGE_MIN_SLOTS", 10**9)  # walk every key

@@ -36,7 +36,10 @@ CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by
 # their runs are left bounded for the selector's staged search (below, one pass over
 # every key is quicker than the few small passes of that search).
 STAGE_MIN_SLOTS = 8
-STAGE_MIN_LOOKUPS = 1024
+STAGE_MIN_LOOKUPS = 2048
+# After the first key only: so many times the slots expected to hold it by false
+# positives alone (else most are false positives, which the next chunk sorts out)
+STAGE_FP_FACTOR = 4.0
 
 
 @dataclass
@@ -60,7 +63,8 @@ class KeyIndex:
         self.probes = 0  # fleet-probe calls made, for benchmarks and tests
         # per (prompt, candidates): exact runs, at a generation
         self._runs: dict[tuple[bytes, int], tuple[int, tuple[np.ndarray, np.ndarray]]] = {}
-        self._answers: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._answers: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._fp = (-1, 0.0)  # (table generation, false hits expected of a key)
 
     def prefix_lengths(self, keys: np.ndarray, candidates: int) -> tuple[np.ndarray, np.ndarray]:
         """The slots (among the bitmask `candidates`) whose summaries hold one or more
@@ -102,31 +106,48 @@ class KeyIndex:
                 pos
                 and running.bit_count() >= STAGE_MIN_SLOTS
                 and running.bit_count() * (n - pos) >= STAGE_MIN_LOOKUPS
+                and (pos > 1 or running.bit_count() >= STAGE_FP_FACTOR * self._false_hits())
                 and not self._known(keys, pos, end, running)
             ):
-                bounded.append((running, pos))
-                running = 0
-                break
+                if pos == 1:
+                    # the second key first (one small pass): those who miss it hold the
+                    # first alone; leave the rest bounded only if they are still many
+                    # (remembered as a one-key chunk, as the first key is: who holds a
+                    # key does not depend on where it stands in a prompt)
+                    stay = running & self._chunk(keys, 1, 2, running).masks[0]
+                    if stay.bit_count() >= STAGE_MIN_SLOTS and stay.bit_count() * (n - 2) >= (
+                        STAGE_MIN_LOOKUPS
+                    ):
+                        if stay != running:
+                            groups.append((running & ~stay, 1))
+                        bounded.append((stay, 2))
+                        running = 0
+                        break
+                    # few hold more: walk on, all of them, so that the chunk's masks
+                    # are remembered for every holder of the first key
+                else:
+                    bounded.append((running, pos))
+                    running = 0
+                    break
             chunk = self._chunk(keys, pos, end, running)
+            entered = running
             if running & chunk.all_held == running:
-                pos = end
-                continue
-            if chunk.walked_in == running and chunk.walked_in:
+                pass
+            elif chunk.walked_in == running and chunk.walked_in:
                 groups.extend(chunk.walked)
                 running = chunk.walked_out
-                pos = end
-                continue
-            entered, dropped = running, []
-            for offset, mask in enumerate(chunk.masks):
-                kept = running & mask
-                if kept != running:
-                    if pos + offset:
-                        dropped.append((running & ~kept, pos + offset))
-                    running = kept
-                    if not running:
-                        break
-            chunk.walked_in, chunk.walked, chunk.walked_out = entered, tuple(dropped), running
-            groups.extend(dropped)
+            else:
+                dropped = []
+                for offset, mask in enumerate(chunk.masks):
+                    kept = running & mask
+                    if kept != running:
+                        if pos + offset:
+                            dropped.append((running & ~kept, pos + offset))
+                        running = kept
+                        if not running:
+                            break
+                chunk.walked_in, chunk.walked, chunk.walked_out = entered, tuple(dropped), running
+                groups.extend(dropped)
             pos = end
         if running:
             groups.append((running, n))
@@ -150,6 +171,13 @@ class KeyIndex:
                 self._answers.clear()
             self._answers[answer] = out
         return out
+
+    def _false_hits(self) -> float:
+        """How many slots a key nobody holds is expected to pass, by false positives."""
+        table = self.table
+        if self._fp[0] != table.generation:
+            self._fp = (table.generation, float(table.fpr[: len(table.instances)].sum()))
+        return self._fp[1]
 
     def _known(self, keys: np.ndarray, start: int, end: int, running: int) -> bool:
         """Whether the chunk's masks are remembered, current, for all of `running`."""
