@@ -19,6 +19,14 @@ the last names all before it) and remembered with the set of slots its masks are
 for (its scope) and the table generation it was computed at. A later walk reuses it when
 its running set lies inside the scope, after re-probing only the slots whose summaries
 changed since; a chunk that nobody drops out of is crossed with one AND.
+
+Where many slots would walk a long chunk nobody has walked yet (a new prompt behind a
+widely held prefix), the walk stops before it: those slots' runs are only bounded from
+above, by the prompt's length, and the selector makes exact only the runs its decision
+reads (`verify`), lowering the others' bounds with the keys where exact runs ended
+(`tighten`; a filter has no false negatives, so a missed key caps a run). After the first
+key it first asks the second one (a one-key chunk, remembered like the first): when most
+holders of the first key do not hold the second, the walk goes on as before.
 """
 
 from __future__ import annotations
@@ -33,8 +41,8 @@ from catsproto.selector.rib import ServiceTable
 CHUNK = 16  # keys of the second chunk; a prefix usually ends or is confirmed by then
 # The walk stops before a chunk nobody has walked yet when at least this many slots
 # would enter it and asking them the rest of the prompt would take this many lookups:
-# their runs are left bounded for the selector's staged search (below, one pass over
-# every key is quicker than the few small passes of that search).
+# their runs are left bounded for the selector's staged search (below, the walk's one
+# pass is quicker than the search's two or three small passes and repricings).
 STAGE_MIN_SLOTS = 8
 STAGE_MIN_LOOKUPS = 2048
 # After the first key only: so many times the slots expected to hold it by false
@@ -115,7 +123,7 @@ class KeyIndex:
                     # (remembered as a one-key chunk, as the first key is: who holds a
                     # key does not depend on where it stands in a prompt)
                     stay = running & self._chunk(keys, 1, 2, running).masks[0]
-                    if stay.bit_count() >= STAGE_MIN_SLOTS and stay.bit_count() * (n - 2) >= (
+                    if stay.bit_count() >= STAGE_MIN_SLOTS and stay.bit_count() * (n - 1) >= (
                         STAGE_MIN_LOOKUPS
                     ):
                         if stay != running:
