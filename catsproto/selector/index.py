@@ -123,16 +123,19 @@ class KeyIndex:
                     # (remembered as a one-key chunk, as the first key is: who holds a
                     # key does not depend on where it stands in a prompt)
                     stay = running & self._chunk(keys, 1, 2, running).masks[0]
+                    if stay != running:  # they hold the first key alone
+                        groups.append((running & ~stay, 1))
+                        running = stay
                     if stay.bit_count() >= STAGE_MIN_SLOTS and stay.bit_count() * (n - 1) >= (
                         STAGE_MIN_LOOKUPS
                     ):
-                        if stay != running:
-                            groups.append((running & ~stay, 1))
                         bounded.append((stay, 2))
                         running = 0
                         break
-                    # few hold more: walk on, all of them, so that the chunk's masks
-                    # are remembered for every holder of the first key
+                    # few hold more: the walk goes on with them (its chunk remembered for
+                    # them; a recurring prompt finds both chunks and asks nothing)
+                    if not running:
+                        break
                 else:
                     bounded.append((running, pos))
                     running = 0
