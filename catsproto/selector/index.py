@@ -25,8 +25,9 @@ widely held prefix), the walk stops before it: those slots' runs are only bounde
 above, by the prompt's length, and the selector makes exact only the runs its decision
 reads (`verify`), lowering the others' bounds with the keys where exact runs ended
 (`tighten`; a filter has no false negatives, so a missed key caps a run). After the first
-key it first asks the second one (a one-key chunk, remembered like the first): when most
-holders of the first key do not hold the second, the walk goes on as before.
+key it first asks the second one (a one-key chunk, remembered like the first): those
+missing it hold the first alone, and when few of the others are left, the walk goes on
+with them as before.
 """
 
 from __future__ import annotations

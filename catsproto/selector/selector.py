@@ -50,8 +50,8 @@ INF = float("inf")
 # Above this many candidates the remote-KV option reads the source site's vectors to all
 # sites (built once per site node) rather than one path each.
 _FEW_PULLS = 64
-# Staged search over bounded runs: after this many passes that lower bounds at known run
-# ends, every loose holder still within the leaders' bar is made exact in one pass.
+# Staged search over bounded runs: after this many rounds, every loose holder still within
+# the leaders' bar (or as deep as the KV source) is made exact in one pass.
 MAX_STAGES = 3
 # Loose holders made exact together, besides those the decision reads: this many of the
 # best at their bounds and this many of the deepest (one pass; the likeliest leaders and
@@ -531,11 +531,9 @@ class PathSelector:
     ) -> tuple[_Holders, bool]:
         """The plan with the exact runs of holders `need` (positions) in place of their
         bounds, remembered in its place, and whether any run fell short of its bound.
-        Where a run fell short of its bound, the
-        position of the key it missed joins the plan's `ends`, and every other loose
-        holder is asked the keys at the ends it has not been asked yet (one pass more;
-        a miss at p bounds its run by p: staged, the next round makes exact only those
-        that still matter)."""
+        Where one did, the position of the key it missed joins the plan's `ends`, and
+        every holder still loose is asked the new ends (one pass more): a miss at p caps
+        its run at p, so the next round makes exact only those that still matter."""
         index = self._index[table.cs_id]
         at = np.unique(np.array(need, dtype=np.int64))
         at = at[plan.loose[at]]
