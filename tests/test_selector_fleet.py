@@ -329,3 +329,38 @@ def test_remembered_row_set_follows_slots_announced_later(fleet):
     got = probe.held(asked, slots)
     assert got == reference(rib, asked)
     assert all(m >> 30 & 1 for m in got[-20:])
+
+
+def test_recurring_prompt_makes_its_bounded_runs_exact_once(monkeypatch):
+    """A prompt seen again has every bounded run made exact in one pass when a decision
+    needs any (as the selector's own load moves its leaders, it would otherwise make a few
+    exact in each decision to come); the decisions equal the walk's all along."""
+    from catsproto.selector import Link, Network, PathSelector, Request, SelectorConfig
+    from catsproto.selector import index as index_module
+
+    rng = np.random.default_rng(9)
+    prompt = rng.integers(0, 2**64 - 1, size=128, dtype=np.uint64)
+    rib = RIB(hold_time_ms=10**9)
+    for i in range(24):
+        keys = np.concatenate([prompt[: 60 + i % 5], rng.integers(0, 2**64 - 1, 200, np.uint64)])
+        announce(rib, i, entries_for(keys, wire.SummaryKind.FUSE, 1 + i % 2))
+    net = Network([Link("ingress", f"site{s}", 2 + 3 * s, 10_000) for s in range(1, 5)])
+    staged = PathSelector(rib, net, SelectorConfig(seed=3))
+    walking = PathSelector(rib, net, SelectorConfig(seed=3))
+    table = rib.services[7]
+    name = (prompt.tobytes(), table.live_mask, len(prompt) * 512)
+    req = Request(7, prompt, len(prompt) * 512, "ingress")
+    asked = []  # pairs each decision asked
+    for n in range(12):
+        before = staged._index[7].fleet.pairs if n else 0
+        got = staged.decide(req, now_ms=2)
+        asked.append(staged._index[7].fleet.pairs - before)
+        monkeypatch.setattr(index_module, "STAGE_MIN_SLOTS", 10**9)  # walk every key
+        want = walking.decide(req, now_ms=2)
+        monkeypatch.undo()
+        assert repr(got) == repr(want), n
+        if n == 0:
+            assert staged._plans[7][name].loose.any()  # the first left runs bounded
+    again = [k for k in asked[1:] if k]
+    assert len(again) == 1, asked  # one pass when the prompt's leaders moved, then none
+    assert not staged._plans[7][name].loose.any(), asked

@@ -449,7 +449,11 @@ class PathSelector:
                 need += loose_at[by_depth[:BATCH]].tolist()
             else:
                 need += loose_at.tolist()
-            if stages >= MAX_STAGES:
+            if plan.recalled:
+                # a prompt seen again (a recurring prefix): make every run exact now, in
+                # one pass, rather than a few in each of the decisions to come
+                need += loose_at.tolist()
+            elif stages >= MAX_STAGES:
                 # bounds keep proving loose: make exact at once every holder that, at its
                 # bound, is within the leaders' bar or could be the KV source
                 bar = float(total[order[-1]]) + (cfg.spread_ms if spread else 0.0)
@@ -502,6 +506,7 @@ class PathSelector:
         name = (keys.tobytes(), candidates, tokens)
         plan = plans.get(name)
         if plan is not None and plan.generation == table.generation:
+            plan.recalled = True
             return plan
         hs, ks, loose, held = index.prefix_bounds(keys, candidates)
         if loose.any():
@@ -746,6 +751,7 @@ class _Holders:
         "loose",
         "loose_left",
         "pull",
+        "recalled",
         "src",
         "src_cached_tokens",
         "src_slot",
@@ -758,6 +764,7 @@ class _Holders:
         self.pull: tuple | None = None  # the source's pull terms, see _pull_terms
         self._at: dict[int, int] | None = None
         self.loose_left = False  # some run in `ks` is only an upper bound (`loose`)
+        self.recalled = False  # handed out again from the plans remembered
         # positions of keys that exact runs missed short of their bounds (ascending),
         # each asked of every holder still loose when it was found (`_verified`)
         self.ends: list[int] = []
