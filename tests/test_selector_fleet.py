@@ -364,3 +364,39 @@ def test_recurring_prompt_makes_its_bounded_runs_exact_once(monkeypatch):
     again = [k for k in asked[1:] if k]
     assert len(again) == 1, asked  # one pass when the prompt's leaders moved, then none
     assert not staged._plans[7][name].loose.any(), asked
+
+
+def test_sync_moves_rebuilds_out_of_the_decision():
+    """`PathSelector.sync` rebuilds the probe rows of origins whose summaries changed,
+    so the next decision rebuilds nothing; a selector left to rebuild lazily inside
+    its decision decides the same, every term."""
+    from catsproto.selector import Link, Network, PathSelector, Request, SelectorConfig
+
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 2**64 - 1, size=64, dtype=np.uint64)
+    rib = RIB(hold_time_ms=10**9)
+    for i in range(12):
+        other = rng.integers(0, 2**64 - 1, size=200, dtype=np.uint64)
+        entries = entries_for(np.concatenate([prompt[: 4 * i], other]), wire.SummaryKind.FUSE, 2)
+        announce(rib, i, entries)
+    net = Network([Link("ingress", f"site{s}", 2 + 3 * s, 10_000) for s in range(1, 5)])
+    cfg = SelectorConfig(seed=1)
+    eager, lazy = PathSelector(rib, net, cfg), PathSelector(rib, net, cfg)
+    assert eager.sync(99) == 0  # no such service
+    assert eager.sync(7) == 12  # first build of every origin's rows
+    req = Request(7, prompt, 64 * 512, "ingress")
+    got, want = eager.decide(req, now_ms=1), lazy.decide(req, now_ms=1)
+    assert (got.chosen, got.runner_up) == (want.chosen, want.runner_up)
+    # two origins re-advertise (one with a longer run), as a batch of updates
+    for i, depth in ((3, 60), (8, 2)):
+        other = rng.integers(0, 2**64 - 1, size=200, dtype=np.uint64)
+        keys = np.concatenate([prompt[:depth], other])
+        announce(rib, i, entries_for(keys, wire.SummaryKind.FUSE, 2, version=2), seq=2, now_ms=2)
+    fleet = eager._index[7].fleet
+    assert eager.sync(7) == 2 and eager.sync(7) == 0
+    before = fleet.rebuilds
+    got, want = eager.decide(req, now_ms=3), lazy.decide(req, now_ms=3)
+    assert fleet.rebuilds == before  # nothing left to rebuild inside the decision
+    assert lazy._index[7].fleet.rebuilds == 14  # the lazy one did it there
+    assert (got.chosen, got.runner_up) == (want.chosen, want.runner_up)
+    assert got.chosen.address == addr(3) and got.chosen.cached_blocks == 60  # the new run

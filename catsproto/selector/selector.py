@@ -297,6 +297,27 @@ class PathSelector:
                 done += 1
         return done
 
+    def sync(self, cs_id: int) -> int:
+        """Bring the fleet probe's copy of the service's summaries up to the table now
+        (the rows of every instance whose summaries changed since). A receive loop calls
+        it once it has merged a batch of updates, so that the next decision does not pay
+        for the rebuild; without it the first probe after a change does the same work.
+        The same decisions either way. Returns the instances whose rows were rebuilt."""
+        table = self.rib.services.get(cs_id)
+        if table is None:
+            return 0
+        fleet = self._index_of(table).fleet
+        before = fleet.rebuilds
+        fleet.sync()
+        return fleet.rebuilds - before
+
+    def _index_of(self, table: ServiceTable) -> KeyIndex:
+        index = self._index.get(table.cs_id)
+        if index is None or index.table is not table:
+            index = self._index[table.cs_id] = KeyIndex(table)
+            self._plans[table.cs_id] = {}
+        return index
+
     def _site_terms(
         self, node: str, table: ServiceTable, slots: slice | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -498,10 +519,7 @@ class PathSelector:
         """Who among `candidates` holds part of the prompt, and what that prefix is worth
         to each; remembered per (prompt, candidates, prompt length) until any summary of
         the table changes (its generation moves)."""
-        index = self._index.get(table.cs_id)
-        if index is None or index.table is not table:
-            index = self._index[table.cs_id] = KeyIndex(table)
-            self._plans[table.cs_id] = {}
+        index = self._index_of(table)
         plans = self._plans[table.cs_id]
         name = (keys.tobytes(), candidates, tokens)
         plan = plans.get(name)
