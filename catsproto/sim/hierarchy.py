@@ -193,7 +193,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.bounces = 0  # handed back to the ingress's site: the chosen site was busy
         self.sticky = 0  # left on the prefix holder though another looked a bit faster
         self.kept_home = 0  # a remote site looked better, but not by the margin
-        self.ingress_work = 0  # sent to the runner-up's site for the work its prefix saves
 
     def choose(self, r: int, t: int) -> Choice:
         control = self.control
@@ -210,30 +209,13 @@ class HierarchicalPolicy(CatsprotoPolicy):
         except NoInstanceError:
             return self._fallback(x, t)
         self.last_decision = top
-        guess = top.chosen  # where the ingress's own log counts the request's work
-        s = int(self.cluster.site[self._index[guess.address]])
-        w = sc.ingress_work_weight
-        if w > 0:
-            ru = top.runner_up
-            if (
-                ru is not None
-                and ru.cached_blocks > guess.cached_blocks
-                and int(self.cluster.site[self._index[ru.address]]) != s
-                and ru.total_ms <= guess.total_ms + w * (guess.prefill_ms - ru.prefill_ms)
-            ):  # the runner-up's site holds more of the prefix: it saves work, send it there
-                ingress.forget_last(CS_ID, guess.address)
-                table = ingress.rib.services[CS_ID]
-                tps = float(table.prefill_tps[table.by_address[ru.address].slot])
-                ingress.note(CS_ID, ru.address, t, ru.prefill_ms / 1000 * tps)
-                guess = ru
-                s = int(self.cluster.site[self._index[guess.address]])
-                self.ingress_work += 1
+        s = int(self.cluster.site[self._index[top.chosen.address]])
         margin = sc.remote_margin_ms
         if s != x and margin > 0:
             # what the ingress knows of a remote site is a WAN delay and an update
             # interval old; stay home unless the remote site is better by the margin
             home = self._site_pick(x, r, t, dry=True)
-            if home is not None and home.total_ms <= guess.total_ms + margin:
+            if home is not None and home.total_ms <= top.chosen.total_ms + margin:
                 s = x
                 self.kept_home += 1
         if s != x and sc.overflow_signal:
@@ -249,8 +231,8 @@ class HierarchicalPolicy(CatsprotoPolicy):
             # same (fresh) home state, so only a request worse than the ingress expected
             # can be slower: the home site's C-PS is asked only then.
             detour = sc.rtt(sc.sites[x], sc.sites[s])
-            seen = chosen.total_ms - chosen.rtt_ms + guess.rtt_ms
-            if seen > guess.total_ms + detour:
+            seen = chosen.total_ms - chosen.rtt_ms + top.chosen.rtt_ms
+            if seen > top.chosen.total_ms + detour:
                 home = self._site_pick(x, r, t, dry=True)
                 if home is not None and seen > home.total_ms + detour:
                     control.local_selectors[s].forget_last(CS_ID, chosen.address)
@@ -261,7 +243,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.handovers += s != x
         self.site_decisions[s] += 1
         if s == x:  # the ingress's own site placed it: that C-PS's note replaces the guess
-            ingress.forget_last(CS_ID, guess.address)
+            ingress.forget_last(CS_ID, top.chosen.address)
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
         assert isinstance(box, DeadReckoningSelector)
         box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
@@ -308,19 +290,14 @@ class HierarchicalPolicy(CatsprotoPolicy):
             )
         except NoInstanceError:
             return None
-        chosen = d.chosen
-        sc = self.cluster.sc
-        ru = d.runner_up if sc.site_sticky_ms > 0 or sc.site_work_weight > 0 else None
-        if ru is not None and ru.cached_blocks > chosen.cached_blocks:
-            saved = sc.site_work_weight * (chosen.prefill_ms - ru.prefill_ms)
-            if sc.work_margin == "sum":
-                margin = sc.site_sticky_ms + saved
-            else:
-                margin = max(sc.site_sticky_ms, saved)
-        else:
-            margin = 0.0
-        if ru is not None and margin > 0 and ru.total_ms <= chosen.total_ms + margin:
-            # keep the prefix where it is rather than copying it
+        chosen, ru = d.chosen, d.runner_up
+        margin = self.cluster.sc.site_sticky_ms
+        if (
+            margin > 0
+            and ru is not None
+            and ru.cached_blocks > chosen.cached_blocks
+            and ru.total_ms <= chosen.total_ms + margin
+        ):  # keep the prefix where it is rather than copying it
             local.forget_last(CS_ID, chosen.address)
             local.note(CS_ID, ru.address, t, self._tokens(s, ru))
             chosen = ru

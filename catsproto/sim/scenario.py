@@ -80,9 +80,6 @@ class Scenario:
     site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
-    site_work_weight: float  # site C-PS: sticky margin grows by this x the prefill saved
-    work_margin: str  # "max" or "sum" of site_sticky_ms and the work-saved margin
-    ingress_work_weight: float  # ingress: the same work-saved margin, winner vs runner-up
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
     seed: int
@@ -152,9 +149,6 @@ class Scenario:
                 site_dispatch=bool(d.get("site_dispatch", False)),
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
                 site_bounce=bool(d.get("site_bounce", False)),
-                site_work_weight=float(d.get("site_work_weight", 0.0)),
-                work_margin=_work_margin(d.get("work_margin", "max")),
-                ingress_work_weight=float(d.get("ingress_work_weight", 0.0)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
                 seed=int(d.get("seed", 1)),
@@ -251,20 +245,11 @@ class Scenario:
             "site_dispatch": self.site_dispatch,
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
-            "site_work_weight": self.site_work_weight,
-            "work_margin": self.work_margin,
-            "ingress_work_weight": self.ingress_work_weight,
             "remote_margin_ms": self.remote_margin_ms,
             "overflow_signal": self.overflow_signal,
             "seed": self.seed,
             "model_id": self.model_id,
         }
-
-
-def _work_margin(value: Any) -> str:
-    if value not in ("max", "sum"):
-        raise ScenarioError(f"work_margin must be 'max' or 'sum', not {value!r}")
-    return str(value)
 
 
 def _optional_site(value: Any, sites: Sequence[str]) -> str | None:
@@ -382,9 +367,6 @@ _OPTIONAL = {
     "site_dispatch",
     "site_sticky_ms",
     "site_bounce",
-    "site_work_weight",
-    "work_margin",
-    "ingress_work_weight",
     "remote_margin_ms",
     "overflow_signal",
     "seed",
