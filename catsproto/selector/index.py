@@ -212,14 +212,7 @@ class KeyIndex:
         start, top = int(held.min()), int(bounds.max())
         if top <= start:
             return runs
-        hit = self.fleet.hits(keys[start:top], slots)
-        self.probes += 1
-        pos = np.arange(start, top)[:, None]
-        miss = ~hit & (pos >= held) & (pos < bounds)
-        first = miss.argmax(axis=0)
-        short = miss[first, np.arange(len(runs))]
-        runs[short] = start + first[short]
-        return runs
+        return self._cap(keys[start:top], np.arange(start, top), slots, runs, held)
 
     def tighten(
         self,
@@ -236,14 +229,27 @@ class KeyIndex:
         out = np.array(bounds, dtype=np.int64)
         if not len(out) or not at:
             return out
-        hit = self.fleet.hits(keys[at], slots)
+        return self._cap(keys[at], np.array(at, dtype=np.int64), slots, out, held)
+
+    def _cap(
+        self,
+        asked: np.ndarray,
+        pos: np.ndarray,
+        slots: np.ndarray,
+        runs: np.ndarray,
+        held: np.ndarray,
+    ) -> np.ndarray:
+        """Ask `slots` the keys `asked` (at prompt positions `pos`, ascending) in one
+        pass and cut each slot's run (in place) at the first position, between its
+        `held` and its run, whose key it misses."""
+        hit = self.fleet.hits(asked, slots)
         self.probes += 1
-        pos = np.array(at, dtype=np.int64)[:, None]
-        miss = ~hit & (pos >= held) & (pos < bounds)
+        at = pos[:, None]
+        miss = ~hit & (at >= held) & (at < runs)
         first = miss.argmax(axis=0)
-        short = miss[first, np.arange(len(out))]
-        out[short] = pos[first[short], 0]
-        return out
+        short = miss[first, np.arange(len(runs))]
+        runs[short] = pos[first[short]]
+        return runs
 
     def _chunk(self, keys: np.ndarray, start: int, end: int, running: int) -> _Chunk:
         table = self.table
