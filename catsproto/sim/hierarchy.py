@@ -166,6 +166,7 @@ class HierarchicalControlPlane(ControlPlane):
                     default_block_size=sc.block_tokens,
                     spread_ms=0.0,  # the only C-PS sending work here: no herd to break
                     seed=sc.seed * 1000 + 500 + s,
+                    work_weight=sc.site_work_weight,
                 ),
             )
             for s, name in enumerate(sc.sites)
