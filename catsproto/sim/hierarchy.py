@@ -219,6 +219,18 @@ class HierarchicalPolicy(CatsprotoPolicy):
             if home is not None and home.total_ms <= top.chosen.total_ms + margin:
                 s = x
                 self.kept_home += 1
+        home_margin = sc.home_sticky_ms
+        if s != x and home_margin > 0:
+            # the home site holds a longer prefix than the remote winner: keep it there
+            # unless the remote site is better by the margin (no second copy far away)
+            home = self._site_pick(x, r, t, dry=True)
+            if (
+                home is not None
+                and home.cached_blocks > top.chosen.cached_blocks
+                and home.total_ms <= top.chosen.total_ms + home_margin
+            ):
+                s = x
+                self.kept_home += 1
         if s != x and sc.overflow_signal:
             self._signal(x, s, t)
         chosen = self._site_pick(s, r, t)

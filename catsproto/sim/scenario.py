@@ -84,6 +84,7 @@ class Scenario:
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
     ingress_work_weight: float  # ingress C-PS ranks by ttft + this x prefill (0: ttft)
     site_work_weight: float  # site C-PS ranks by ttft + this x prefill (0: ttft)
+    home_sticky_ms: float  # ingress: keep a request on a home holder of a longer prefix
     seed: int
     secret: bytes
     model_id: str
@@ -141,7 +142,7 @@ class Scenario:
                 selector_site=_optional_site(d.get("selector_site"), sites),
                 decision_rtt=bool(d.get("decision_rtt", True)),
                 target_fpr=float(d.get("target_fpr", 0.01)),
-                summary_kind=None if kind in (None, "auto") else int(kind),
+                summary_kind=_summary_kind(kind),
                 snapshot_every=int(d.get("snapshot_every", 8)),
                 max_message_bytes=int(d.get("max_message_bytes", 4096)),
                 hot_prefixes=int(d.get("hot_prefixes", 0)),
@@ -155,6 +156,7 @@ class Scenario:
                 overflow_signal=bool(d.get("overflow_signal", False)),
                 ingress_work_weight=float(d.get("ingress_work_weight", 0.0)),
                 site_work_weight=float(d.get("site_work_weight", 0.0)),
+                home_sticky_ms=float(d.get("home_sticky_ms", 0.0)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -257,9 +259,24 @@ class Scenario:
             "overflow_signal": self.overflow_signal,
             "ingress_work_weight": self.ingress_work_weight,
             "site_work_weight": self.site_work_weight,
+            "home_sticky_ms": self.home_sticky_ms,
             "seed": self.seed,
             "model_id": self.model_id,
         }
+
+
+_KIND_NAMES = {"exact": 1, "bloom": 2, "fuse": 3}
+
+
+def _summary_kind(value: Any) -> int | None:
+    """None (the smallest meeting the FPR) for "auto", else 1 / 2 / 3 by code or name."""
+    if value in (None, "auto"):
+        return None
+    text = str(value).strip().lower()
+    kind = _KIND_NAMES.get(text, int(text) if text.isdigit() else 0)
+    if kind not in (1, 2, 3):
+        raise ScenarioError(f"summary_kind {value!r} is not auto, exact, bloom, fuse or 1..3")
+    return kind
 
 
 def _optional_site(value: Any, sites: Sequence[str]) -> str | None:
@@ -381,6 +398,7 @@ _OPTIONAL = {
     "overflow_signal",
     "ingress_work_weight",
     "site_work_weight",
+    "home_sticky_ms",
     "seed",
     "secret",
     "model_id",
