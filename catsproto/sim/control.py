@@ -188,7 +188,6 @@ class ControlPlane:
                     spread_ms=sc.selector_spread_ms,
                     peer_selectors=k if sc.selector_peers else 1,
                     seed=sc.seed * 1000 + x,
-                    work_weight=sc.ingress_work_weight,
                 ),
             )
             for x in range(k)

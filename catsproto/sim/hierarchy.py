@@ -166,7 +166,6 @@ class HierarchicalControlPlane(ControlPlane):
                     default_block_size=sc.block_tokens,
                     spread_ms=0.0,  # the only C-PS sending work here: no herd to break
                     seed=sc.seed * 1000 + 500 + s,
-                    work_weight=sc.site_work_weight,
                 ),
             )
             for s, name in enumerate(sc.sites)
@@ -217,18 +216,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
             # interval old; stay home unless the remote site is better by the margin
             home = self._site_pick(x, r, t, dry=True)
             if home is not None and home.total_ms <= top.chosen.total_ms + margin:
-                s = x
-                self.kept_home += 1
-        home_margin = sc.home_sticky_ms
-        if s != x and home_margin > 0:
-            # the home site holds a longer prefix than the remote winner: keep it there
-            # unless the remote site is better by the margin (no second copy far away)
-            home = self._site_pick(x, r, t, dry=True)
-            if (
-                home is not None
-                and home.cached_blocks > top.chosen.cached_blocks
-                and home.total_ms <= top.chosen.total_ms + home_margin
-            ):
                 s = x
                 self.kept_home += 1
         if s != x and sc.overflow_signal:

@@ -82,9 +82,6 @@ class Scenario:
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
-    ingress_work_weight: float  # ingress C-PS ranks by ttft + this x prefill (0: ttft)
-    site_work_weight: float  # site C-PS ranks by ttft + this x prefill (0: ttft)
-    home_sticky_ms: float  # ingress: keep a request on a home holder of a longer prefix
     seed: int
     secret: bytes
     model_id: str
@@ -154,9 +151,6 @@ class Scenario:
                 site_bounce=bool(d.get("site_bounce", False)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
-                ingress_work_weight=float(d.get("ingress_work_weight", 0.0)),
-                site_work_weight=float(d.get("site_work_weight", 0.0)),
-                home_sticky_ms=float(d.get("home_sticky_ms", 0.0)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -185,10 +179,6 @@ class Scenario:
             raise ScenarioError("the first tier needs room for at least one block")
         if len(self.secret) < 16 or len(self.secret) > 64:
             raise ScenarioError("secret must be 16..64 bytes")
-        for name in ("ingress_work_weight", "site_work_weight"):
-            w = getattr(self, name)
-            if not (w >= 0 and math.isfinite(w)):
-                raise ScenarioError(f"{name} must be a finite number >= 0, not {w}")
 
     # ---- derived -----------------------------------------------------------------------
 
@@ -257,9 +247,6 @@ class Scenario:
             "site_bounce": self.site_bounce,
             "remote_margin_ms": self.remote_margin_ms,
             "overflow_signal": self.overflow_signal,
-            "ingress_work_weight": self.ingress_work_weight,
-            "site_work_weight": self.site_work_weight,
-            "home_sticky_ms": self.home_sticky_ms,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -396,9 +383,6 @@ _OPTIONAL = {
     "site_bounce",
     "remote_margin_ms",
     "overflow_signal",
-    "ingress_work_weight",
-    "site_work_weight",
-    "home_sticky_ms",
     "seed",
     "secret",
     "model_id",
