@@ -394,3 +394,76 @@ def test_work_weight_ranks_every_candidate_as_one_by_one_estimates_say(monkeypat
         changed += got.chosen != by_ttft
     # the weight must matter on this table (else the test would not tell the two apart)
     assert (changed > 0) == (weight > 0), changed
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_work_weight_keeps_a_slow_pull_that_wins_by_rank(monkeypatch, weight):
+    """The holder H (site 2) of a 32-block prompt's first 16 blocks has 10 s queued; idle A
+    and B (site 1) would prefill all 32 blocks (1638.4 ms) or pull the 1 GiB prefix from its
+    15 Gbit/s tier (1 + 572.7 ms) and prefill 16 (819.2): 1392.9 < 1638.4, so both pull. With
+    w = 0.5 the cheapest pull's rank floor (10 + 573.7 + 1.5 x 819.2 = 1812.5) is above the
+    leaders' ttft (1648.4) but within their rank (2467.6): the pruning of pulls that
+    cannot reach the leaders (forced on for these three candidates) must use the rank."""
+    from catsproto.selector import selector as selector_module
+
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 400_000),
+        ]
+    )
+    prompt = np.arange(5000, 5032, dtype=np.uint64)
+    rib = RIB()
+    slow = entry(prompt[:16], mbps=15_000)  # the tier, not the path, bounds the pull
+    rib.accept(advert("10.0.2.1", 2, [slow], backlog=100_000), now_ms=1000)
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.1.2", 1), now_ms=1000)
+    cfg = SelectorConfig(work_weight=weight, request_bytes_per_token=0)
+    req = Request(7, prompt, 32 * BLOCK, "ingress")
+    sel = PathSelector(rib, net, cfg)
+    assert sel.prepare(7) == 2  # paths from each site known: the cheapest pull is 573.7 ms
+    monkeypatch.setattr(selector_module, "_FEW_PULLS", 0)  # the pruning path
+    d = sel.decide(req, now_ms=1000)
+    monkeypatch.undo()
+    pull = 1 + 0.005 + 16 * BYTES_PER_BLOCK * 8 / (15_000 * 1000)
+    for est in (d.chosen, d.runner_up):
+        assert str(est.kv_source) == "10.0.2.1" and est.prefill_ms == pytest.approx(819.2)
+        assert est.total_ms == pytest.approx(10 + pull + 819.2)
+    assert {str(d.chosen.address), str(d.runner_up.address)} == {"10.0.1.1", "10.0.1.2"}
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_work_weight_prunes_remote_pulls_only_where_they_cannot_matter(monkeypatch, weight):
+    """80 instances (more than the few whose pulls are all priced), pulls allowed, one
+    deep holder of each prompt with a long queue: the decision, every term, equals the
+    one that prices every candidate's pull, with and without a work weight."""
+    from catsproto.selector import selector as selector_module
+
+    rng = np.random.default_rng(5)
+    prompts = rng.integers(0, 2**63, size=(4, 32), dtype=np.uint64)
+    links = [Link("ingress", f"site{s}", 2 + 3 * s, 10_000) for s in range(1, 5)]
+    links += [
+        Link(f"site{a}", f"site{b}", 1, 400_000) for a in range(1, 5) for b in range(a + 1, 5)
+    ]
+    net = Network(links)
+    rib = RIB()
+    for i in range(80):
+        depth = 32 if i < 4 else int(rng.integers(0, 12))
+        held = np.concatenate([p[:depth] for p in prompts]) if depth else prompts[0][:0]
+        keys = np.concatenate([held, rng.integers(0, 2**63, size=50, dtype=np.uint64)])
+        backlog = 60_000.0 if i < 4 else float(rng.integers(0, 30_000))
+        adv = advert(f"10.1.{i // 250}.{1 + i % 250}", 1 + i % 4, [entry(keys)], backlog=backlog)
+        rib.accept(adv, now_ms=1000)
+    cfg = SelectorConfig(work_weight=weight, spread_ms=3.0, seed=1)
+    pruned, every = PathSelector(rib, net, cfg), PathSelector(rib, net, cfg)
+    pulls = 0
+    for n, p in enumerate(prompts):
+        req = Request(7, p, 40 * BLOCK, "ingress")
+        got = pruned.decide(req, now_ms=1000 + n)
+        monkeypatch.setattr(selector_module, "_FEW_PULLS", 10**9)
+        want = every.decide(req, now_ms=1000 + n)
+        monkeypatch.undo()
+        assert repr(got) == repr(want), n
+        pulls += got.chosen.kv_source is not None
+    assert pulls > 0  # the pulls were in play
