@@ -9,7 +9,7 @@ import pytest
 
 from catsproto import wire
 from catsproto.selector import RIB, Link, Network, NoInstanceError, PathSelector, Request
-from catsproto.selector.selector import SelectorConfig
+from catsproto.selector.selector import Decision, SelectorConfig
 from tests.selector_fixtures import BLOCK, BYTES_PER_BLOCK, advert, entry
 
 KEYS = np.arange(1000, 1016, dtype=np.uint64)  # a 16-block prompt
@@ -294,3 +294,176 @@ def test_path_vectors_follow_an_instance_that_moves_site():
     rib.accept(advert("10.0.1.1", 2, seq=2, ts=1001), now_ms=1000)  # now at site 2
     moved = same_as_fresh()["10.0.1.1"]
     assert moved.rtt_ms == 40 and moved.site_id == 2
+
+
+def test_work_weight_ranks_by_the_work_a_choice_makes():
+    """One site, no upload, no pulls. By ttft: idle I1 829.2 ms, I2 (100 ms queued) 929.2,
+    the holder H of 8 blocks (600 ms queued) 10 + 600 + 409.6 = 1019.6, third. Weighing
+    prefill by 0.5: I1 829.2 + 409.6 = 1238.8, I2 1338.8, H 1019.6 + 204.8 = 1224.4: the
+    holder wins, I1 is the runner-up, and each estimate keeps its real terms."""
+    net = Network([Link("ingress", "site1", 5, 10_000)])
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.1.2", 1, backlog=1_000), now_ms=1000)
+    rib.accept(advert("10.0.1.3", 1, [entry(KEYS[:8])], backlog=6_000), now_ms=1000)
+    req = Request(7, KEYS, TOKENS, "ingress")
+    plain = SelectorConfig(request_bytes_per_token=0, allow_remote_kv=False)
+    by_ttft = PathSelector(rib, net, plain).decide(req, now_ms=1000)
+    assert str(by_ttft.chosen.address) == "10.0.1.1"
+    assert str(by_ttft.runner_up.address) == "10.0.1.2"
+    weighed = SelectorConfig(request_bytes_per_token=0, allow_remote_kv=False, work_weight=0.5)
+    d = PathSelector(rib, net, weighed).decide(req, now_ms=1000)
+    h, i1 = d.chosen, d.runner_up
+    assert str(h.address) == "10.0.1.3" and str(i1.address) == "10.0.1.1"
+    assert h.cached_blocks == 8 and h.queue_ms == pytest.approx(600)
+    assert h.prefill_ms == pytest.approx(409.6) and h.total_ms == pytest.approx(1019.6)
+    assert i1.prefill_ms == pytest.approx(819.2) and i1.total_ms == pytest.approx(829.2)
+    # the near-equal set is taken by rank too: within 20 ms of H's 1224.4 is I1 (1238.8),
+    # and the better of two draws from those is H unless both draws are I1; by ttft the
+    # set would be I1 alone
+    picks = set()
+    for seed in range(8):
+        spread = SelectorConfig(
+            request_bytes_per_token=0,
+            allow_remote_kv=False,
+            work_weight=0.5,
+            spread_ms=20,
+            seed=seed,
+        )
+        picks.add(str(PathSelector(rib, net, spread).decide(req, 1000).chosen.address))
+    assert "10.0.1.3" in picks and picks <= {"10.0.1.1", "10.0.1.3"}, picks
+    # just below the break-even weight (190.4 / 409.6 = 0.465) the idle instance wins again
+    below = SelectorConfig(request_bytes_per_token=0, allow_remote_kv=False, work_weight=0.46)
+    assert str(PathSelector(rib, net, below).decide(req, now_ms=1000).chosen.address) == (
+        "10.0.1.1"
+    )
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="work_weight"):
+            SelectorConfig(work_weight=bad)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.3])
+def test_work_weight_ranks_every_candidate_as_one_by_one_estimates_say(monkeypatch, weight):
+    """A randomized table: 24 instances at 4 sites holding random prefixes of 6 prompts
+    under 5 % filters, random backlogs. The decision (staged search forced on, so holders
+    start at bounds of their runs) must be the one a brute force gives: each instance's
+    estimate from a selector that knows only that instance, ranked by ttft + weight x
+    prefill (ties: lowest slot). With weight 0 that is the ranking by ttft alone, the
+    selector's behaviour before the weight existed: the same decision, repr for repr."""
+    from catsproto.selector import index as index_module
+
+    rng = np.random.default_rng(77)
+    prompts = rng.integers(0, 2**63, size=(6, 64), dtype=np.uint64)
+    net = Network([Link("ingress", f"site{s}", 1 + 4 * s, 10_000) for s in range(1, 5)])
+    adverts = []
+    for i in range(24):
+        depth = int(rng.integers(2, 65))
+        held = [p[: max(2, depth - 8 * j)] for j, p in enumerate(prompts)]
+        other = rng.integers(0, 2**63, size=100, dtype=np.uint64)
+        keys = np.concatenate([*held, other])
+        e = entry(keys, kind=wire.SummaryKind.FUSE, fpr=0.05)
+        backlog = float(rng.integers(0, 40_000))
+        adverts.append(advert(f"10.0.{1 + i % 4}.{1 + i}", 1 + i % 4, [e], backlog=backlog))
+    rib = RIB()
+    for a in adverts:
+        rib.accept(a, now_ms=1000)
+    cfg = SelectorConfig(work_weight=weight, request_bytes_per_token=0, allow_remote_kv=False)
+    monkeypatch.setattr(index_module, "STAGE_MIN_LOOKUPS", 0)  # bound runs whenever it may
+    asks = [p for p in prompts]
+    asks += [np.concatenate([p[:20], rng.integers(0, 2**63, 30, dtype=np.uint64)]) for p in prompts]
+    changed = 0
+    for keys in asks:
+        req = Request(7, keys, len(keys) * BLOCK, "ingress")
+        got = PathSelector(rib, net, cfg).decide(req, now_ms=1000)
+        alone = []
+        for a in adverts:
+            one = RIB()
+            one.accept(a, now_ms=1000)
+            alone.append(PathSelector(one, net, cfg).decide(req, now_ms=1000).chosen)
+        table = rib.services[7]
+        order = sorted(
+            range(len(alone)),
+            key=lambda k: (
+                alone[k].total_ms + weight * alone[k].prefill_ms,
+                table.by_address[alone[k].address].slot,
+            ),
+        )
+        want = Decision(alone[order[0]], alone[order[1]], len(alone))
+        assert repr(got) == repr(want)
+        by_ttft = min(alone, key=lambda e: (e.total_ms, table.by_address[e.address].slot))
+        changed += got.chosen != by_ttft
+    # the weight must matter on this table (else the test would not tell the two apart)
+    assert (changed > 0) == (weight > 0), changed
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_work_weight_keeps_a_slow_pull_that_wins_by_rank(monkeypatch, weight):
+    """The holder H (site 2) of a 32-block prompt's first 16 blocks has 10 s queued; idle A
+    and B (site 1) would prefill all 32 blocks (1638.4 ms) or pull the 1 GiB prefix from its
+    15 Gbit/s tier (1 + 572.7 ms) and prefill 16 (819.2): 1392.9 < 1638.4, so both pull. With
+    w = 0.5 the cheapest pull's rank floor (10 + 573.7 + 1.5 x 819.2 = 1812.5) is above the
+    leaders' ttft (1648.4) but within their rank (2467.6): the pruning of pulls that
+    cannot reach the leaders (forced on for these three candidates) must use the rank."""
+    from catsproto.selector import selector as selector_module
+
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 400_000),
+        ]
+    )
+    prompt = np.arange(5000, 5032, dtype=np.uint64)
+    rib = RIB()
+    slow = entry(prompt[:16], mbps=15_000)  # the tier, not the path, bounds the pull
+    rib.accept(advert("10.0.2.1", 2, [slow], backlog=100_000), now_ms=1000)
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.1.2", 1), now_ms=1000)
+    cfg = SelectorConfig(work_weight=weight, request_bytes_per_token=0)
+    req = Request(7, prompt, 32 * BLOCK, "ingress")
+    sel = PathSelector(rib, net, cfg)
+    assert sel.prepare(7) == 2  # paths from each site known: the cheapest pull is 573.7 ms
+    monkeypatch.setattr(selector_module, "_FEW_PULLS", 0)  # the pruning path
+    d = sel.decide(req, now_ms=1000)
+    monkeypatch.undo()
+    pull = 1 + 0.005 + 16 * BYTES_PER_BLOCK * 8 / (15_000 * 1000)
+    for est in (d.chosen, d.runner_up):
+        assert str(est.kv_source) == "10.0.2.1" and est.prefill_ms == pytest.approx(819.2)
+        assert est.total_ms == pytest.approx(10 + pull + 819.2)
+    assert {str(d.chosen.address), str(d.runner_up.address)} == {"10.0.1.1", "10.0.1.2"}
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_work_weight_prunes_remote_pulls_only_where_they_cannot_matter(monkeypatch, weight):
+    """80 instances (more than the few whose pulls are all priced), pulls allowed, one
+    deep holder of each prompt with a long queue: the decision, every term, equals the
+    one that prices every candidate's pull, with and without a work weight."""
+    from catsproto.selector import selector as selector_module
+
+    rng = np.random.default_rng(5)
+    prompts = rng.integers(0, 2**63, size=(4, 32), dtype=np.uint64)
+    links = [Link("ingress", f"site{s}", 2 + 3 * s, 10_000) for s in range(1, 5)]
+    links += [
+        Link(f"site{a}", f"site{b}", 1, 400_000) for a in range(1, 5) for b in range(a + 1, 5)
+    ]
+    net = Network(links)
+    rib = RIB()
+    for i in range(80):
+        depth = 32 if i < 4 else int(rng.integers(0, 12))
+        held = np.concatenate([p[:depth] for p in prompts]) if depth else prompts[0][:0]
+        keys = np.concatenate([held, rng.integers(0, 2**63, size=50, dtype=np.uint64)])
+        backlog = 60_000.0 if i < 4 else float(rng.integers(0, 30_000))
+        adv = advert(f"10.1.{i // 250}.{1 + i % 250}", 1 + i % 4, [entry(keys)], backlog=backlog)
+        rib.accept(adv, now_ms=1000)
+    cfg = SelectorConfig(work_weight=weight, spread_ms=3.0, seed=1)
+    pruned, every = PathSelector(rib, net, cfg), PathSelector(rib, net, cfg)
+    pulls = 0
+    for n, p in enumerate(prompts):
+        req = Request(7, p, 40 * BLOCK, "ingress")
+        got = pruned.decide(req, now_ms=1000 + n)
+        monkeypatch.setattr(selector_module, "_FEW_PULLS", 10**9)
+        want = every.decide(req, now_ms=1000 + n)
+        monkeypatch.undo()
+        assert repr(got) == repr(want), n
+        pulls += got.chosen.kv_source is not None
+    assert pulls > 0  # the pulls were in play

@@ -243,6 +243,12 @@ def test_scenario_overrides_and_errors():
         Scenario.from_mapping({**raw, "rtt_ms": {"A-B": 1}})
     with pytest.raises(ScenarioError, match="selector_site"):
         Scenario.from_mapping({**raw, "selector_site": "Z"})
+    for name, code in (("exact", 1), ("Bloom", 2), ("fuse", 3), ("3", 3), ("auto", None)):
+        got = Scenario.from_mapping(apply_overrides(raw, [f"summary_kind={name}"]))
+        assert got.summary_kind == code, name
+    for bad in ("cuckoo", "4"):
+        with pytest.raises(ScenarioError, match="summary_kind"):
+            Scenario.from_mapping(apply_overrides(raw, [f"summary_kind={bad}"]))
     big = Scenario.from_mapping(load_scenario("llama70b"))
     assert big.bytes_per_block == 80 * 8 * 128 * 2 * 2 * 512
     assert [t.tier.name for t in big.tiers] == ["HBM", "DRAM"]

@@ -28,8 +28,11 @@ Scores are computed for all instances at once on the service table's arrays; onl
 instances holding part of the prefix get individual work. With `spread_ms` > 0 the
 choice among candidates within that margin of the best is the better of two picked by
 a seeded hash (power of two choices): several selectors that see the same stale load
-then stop sending their requests to the same instance. The decision carries every term
-for the chosen instance and the runner-up. Pure: `now_ms` and the seed come in.
+then stop sending their requests to the same instance. With `work_weight` > 0 the
+candidates are ranked by ttft + weight x prefill (the instance time the choice uses up,
+which a holder of the prefix saves) rather than by ttft alone; every estimate keeps its
+real terms. The decision carries every term for the chosen instance and the runner-up.
+Pure: `now_ms` and the seed come in.
 """
 
 from __future__ import annotations
@@ -166,6 +169,13 @@ class SelectorConfig:
     # others sent as much work as it did since an instance's last advertisement.
     peer_selectors: int = 1
     seed: int = 0  # distinct per selector, so selectors spread differently
+    # Rank candidates by ttft + work_weight x prefill ms (the instance time the choice
+    # uses up) instead of by ttft alone; the estimates keep the real terms. 0: ttft only.
+    work_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.work_weight >= 0 and math.isfinite(self.work_weight)):
+            raise ValueError(f"work_weight must be a finite number >= 0, not {self.work_weight}")
 
     def node_of(self, site_id: int) -> str:
         return self.site_nodes.get(site_id, f"site{site_id}")
@@ -429,31 +439,34 @@ class PathSelector:
             priced = _Priced(rtt, upload, queue, total, prefill_full)
             if plan is not None and plan.src >= 0:
                 priced.price_holders(plan, table, keys, base, ms_per_token)
-            order = _leaders(total)
+            # what the candidates are ranked by: `total` itself unless work is weighed
+            rank = priced.ranking(cfg.work_weight)
+            order = _leaders(rank)
             if (
                 cfg.allow_remote_kv
                 and plan is not None
                 and plan.src >= 0
                 and plan.src_cached_tokens > 0
                 and self._consider_remote(
-                    table, pick, plan, base, ms_per_token, request, priced, order
+                    table, pick, plan, base, ms_per_token, request, priced, order, rank
                 )
             ):
-                order = _leaders(total)
+                rank = priced.ranking(cfg.work_weight)
+                order = _leaders(rank)
             spread = (
                 cfg.spread_ms > 0
                 and len(order) > 1
-                and total[order[1]] <= total[order[0]] + cfg.spread_ms
+                and rank[order[1]] <= rank[order[0]] + cfg.spread_ms
             )
             if plan is None or not plan.loose_left:
                 break
             # Runs only bounded from above price a holder at its best: it can only lose
-            # by the exact run. Make exact every one that the decision reads (the
-            # leaders, the near-equal set, the KV source) and decide again; the others
-            # cannot come ahead of them.
+            # by the exact run (a longer prefill raises its estimate and its rank). Make
+            # exact every one that the decision reads (the leaders, the near-equal set,
+            # the KV source) and decide again; the others cannot come ahead of them.
             watch = set(order)
             if spread:
-                watch.update(np.flatnonzero(total <= total.min() + cfg.spread_ms).tolist())
+                watch.update(np.flatnonzero(rank <= rank.min() + cfg.spread_ms).tolist())
             need = [j for j in map(plan.at, watch) if j is not None and plan.loose[j]]
             if plan.loose[plan.src]:
                 need.append(plan.src)
@@ -463,7 +476,7 @@ class PathSelector:
             # other loose holders at their bounds, and the deepest (ties: lowest slot)
             loose_at = np.flatnonzero(plan.loose)
             if len(loose_at) > BATCH:
-                by_total = total[plan.idx[loose_at]]
+                by_total = rank[plan.idx[loose_at]]
                 best = np.argpartition(by_total, BATCH)[:BATCH]
                 need += loose_at[best].tolist()
                 by_depth = np.lexsort((plan.hs[loose_at], -plan.expected[loose_at]))
@@ -477,8 +490,8 @@ class PathSelector:
             elif stages >= MAX_STAGES:
                 # bounds keep proving loose: make exact at once every holder that, at its
                 # bound, is within the leaders' bar or could be the KV source
-                bar = float(total[order[-1]]) + (cfg.spread_ms if spread else 0.0)
-                within = total[plan.idx] <= bar
+                bar = float(rank[order[-1]]) + (cfg.spread_ms if spread else 0.0)
+                within = rank[plan.idx] <= bar
                 deeper = plan.expected >= plan.expected[plan.src]
                 need += np.flatnonzero(plan.loose & (within | deeper)).tolist()
             plan, moved = self._verified(table, keys, tokens, candidates, slots, pick, plan, need)
@@ -488,7 +501,7 @@ class PathSelector:
                 # priced, and every holder the decision reads is now exact
                 break
         if spread:
-            order = self._spread(total, cfg.spread_ms).tolist()
+            order = self._spread(rank, cfg.spread_ms).tolist()
         best = self._estimate(table, slots, order[0], request, priced)
         if not math.isfinite(best.total_ms):
             raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
@@ -576,7 +589,8 @@ class PathSelector:
         return fresh, bool(short)
 
     def _spread(self, total: np.ndarray, margin: float) -> np.ndarray:
-        """Power of two choices among the candidates within `margin` ms of the best."""
+        """Power of two choices among the candidates within `margin` ms of the best
+        (`total`: what the candidates are ranked by)."""
         near = np.nonzero(total <= total.min() + margin)[0]
         self._draws += 1
         h = _mix64(self.config.seed * 0x9E3779B97F4A7C15 + self._draws)
@@ -597,9 +611,12 @@ class PathSelector:
         request: Request,
         priced: _Priced,
         leaders: list[int],
+        rank: np.ndarray,
     ) -> bool:
         """Offer every instance the option of pulling the best source's prefix; True if
-        some estimate improved."""
+        some estimate improved. An instance takes the pull when it lowers its estimate
+        (and so its rank too: the source holds the most, so a pull never adds prefill);
+        `rank` is what the leaders were ranked by."""
         src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
         stamp = (table.site_version, len(table.site))
         pull_of = plan.pull
@@ -610,12 +627,14 @@ class PathSelector:
         # Nothing to gain when even the fastest pull cannot reach the runner-up (or the
         # near-equal margin of the best): the two leaders and the spread stay as they are.
         total = priced.total
+        weight = self.config.work_weight
         if len(leaders) > 1:
-            first, second = total[leaders[0]], total[leaders[1]]
+            first, second = rank[leaders[0]], rank[leaders[1]]
             bar = max(float(second), float(first) + self.config.spread_ms)
-            least = float(base.min()) + (request.prompt_tokens - cached_tokens) * float(
-                ms_per_token.min()
-            )
+            least_prefill = (request.prompt_tokens - cached_tokens) * float(ms_per_token.min())
+            least = float(base.min()) + least_prefill
+            if weight:  # a rank is the estimate plus the weighed prefill
+                least += weight * least_prefill
             if least + fastest > bar:
                 return False
         remote_prefill = (request.prompt_tokens - cached_tokens) * ms_per_token
@@ -638,6 +657,8 @@ class PathSelector:
         # rounding is monotone, so this floor never exceeds the estimate itself).
         floor = base + fastest
         floor += remote_prefill
+        if weight:
+            floor += weight * remote_prefill
         reach = np.flatnonzero(floor <= bar)
         if len(reach) > _FEW_PULLS or self._has_vectors(node, table):
             delay_all, bw_all = self._site_vectors(node, table, pick)
@@ -886,6 +907,23 @@ class _Priced:
             held += fetch_h
         held += prefill_h
         self.total[idx] = held
+
+    def ranking(self, weight: float) -> np.ndarray:
+        """What the candidates are ranked by: `total` itself (the same array) when
+        `weight` is 0, else total + weight x each candidate's prefill ms. A holder priced
+        at the bound of its run has its least prefill there, so its rank is a lower
+        bound too."""
+        if not weight:
+            return self.total
+        prefill = self.prefill_full.copy()
+        if self.plan is not None and self.prefill_h is not None:
+            prefill[self.plan.idx] = self.prefill_h
+        if self.remote is not None:
+            took = self.remote[0]
+            prefill[took] = self.remote[2][took]
+        prefill *= weight
+        prefill += self.total
+        return prefill
 
     def terms(self, i: int) -> tuple[int, float, float, float]:
         """Candidate `i`'s cached blocks, expected cached blocks, fetch ms, prefill ms."""

@@ -139,7 +139,7 @@ class Scenario:
                 selector_site=_optional_site(d.get("selector_site"), sites),
                 decision_rtt=bool(d.get("decision_rtt", True)),
                 target_fpr=float(d.get("target_fpr", 0.01)),
-                summary_kind=None if kind in (None, "auto") else int(kind),
+                summary_kind=_summary_kind(kind),
                 snapshot_every=int(d.get("snapshot_every", 8)),
                 max_message_bytes=int(d.get("max_message_bytes", 4096)),
                 hot_prefixes=int(d.get("hot_prefixes", 0)),
@@ -250,6 +250,20 @@ class Scenario:
             "seed": self.seed,
             "model_id": self.model_id,
         }
+
+
+_KIND_NAMES = {"exact": 1, "bloom": 2, "fuse": 3}
+
+
+def _summary_kind(value: Any) -> int | None:
+    """None (the smallest meeting the FPR) for "auto", else 1 / 2 / 3 by code or name."""
+    if value in (None, "auto"):
+        return None
+    text = str(value).strip().lower()
+    kind = _KIND_NAMES.get(text, int(text) if text.isdigit() else 0)
+    if kind not in (1, 2, 3):
+        raise ScenarioError(f"summary_kind {value!r} is not auto, exact, bloom, fuse or 1..3")
+    return kind
 
 
 def _optional_site(value: Any, sites: Sequence[str]) -> str | None:
