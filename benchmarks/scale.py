@@ -441,8 +441,20 @@ def decisions(
     touches_per_decision: float,
     seed: int,
     lazy: bool = False,
+    dump: list[str] | None = None,
+    per_decision: list[dict] | None = None,
 ) -> dict:
+    """Decide `requests` in turn (the first one apart, as the cold one), touching origins
+    between them; `dump` gets the repr of every Decision, `per_decision` each one's CPU
+    and wall ms, fleet-probe pairs and passes and garbage collections inside it."""
     sel = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
+    collections = [0]
+
+    def count_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections[0] += 1
+
+    gc.callbacks.append(count_gc)
     # the path vectors from every site (control-plane state: redone only where sites
     # change), so that a decision never pays for a KV source at a site seen first
     t0 = time.perf_counter()
@@ -469,12 +481,32 @@ def decisions(
                 c0 = time.thread_time()
                 sel.sync(CS_ID)
                 sync_cpu.append((time.thread_time() - c0) * 1000)
+        fleet = sel._index_of(table).fleet if per_decision is not None else None
+        pairs0 = fleet.pairs if fleet is not None else 0
+        passes0 = sel._index[CS_ID].probes if fleet is not None else 0
+        gc0 = collections[0]
         c0, t0 = time.thread_time(), time.perf_counter()
-        sel.decide(Request(CS_ID, keys, length, "in"), 0)
+        decision = sel.decide(Request(CS_ID, keys, length, "in"), 0)
         dt = (time.perf_counter() - t0) * 1000
+        c1 = time.thread_time()
         (cold if i == 0 else times).append(dt)
         if i:  # this thread's CPU time: the same figure, less the scheduler's stalls
-            cpu.append((time.thread_time() - c0) * 1000)
+            cpu.append((c1 - c0) * 1000)
+        if dump is not None:
+            dump.append(repr(decision))
+        if per_decision is not None and fleet is not None:
+            per_decision.append(
+                {
+                    "i": i,
+                    "cpu_ms": (c1 - c0) * 1000,
+                    "wall_ms": dt,
+                    "pairs": fleet.pairs - pairs0,
+                    "passes": sel._index[CS_ID].probes - passes0,
+                    "gc": collections[0] - gc0,
+                    "keys": len(keys),
+                }
+            )
+    gc.callbacks.remove(count_gc)
     arr = np.array(times)
     return {
         "decisions": len(times),
@@ -606,7 +638,17 @@ def run(args: argparse.Namespace) -> dict:
                     reqs.append((salted(keys[r], salt), int(lengths[r])))
                 # origins whose updates land in 1 ms (decisions 1 ms apart)
                 touched = figs["origin_updates_per_s"] * sites / 1000
-                row["decide"] = decisions(rib, reqs, touched, 1, lazy=args.lazy_rebuild)
+                dump: list[str] | None = [] if args.dump_decisions else None
+                each: list[dict] | None = [] if args.per_decision else None
+                row["decide"] = decisions(
+                    rib, reqs, touched, 1, lazy=args.lazy_rebuild, dump=dump, per_decision=each
+                )
+                if dump is not None:
+                    name = f"{args.dump_decisions}.{mode}.{sites}"
+                    FilePath(name).write_text("\n".join(dump) + "\n")
+                if each is not None:
+                    name = f"{args.per_decision}.{mode}.{sites}.json"
+                    FilePath(name).write_text(json.dumps(each))
                 del rib
                 gc.collect()
             else:
@@ -767,6 +809,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rebuild touched origins' probe rows inside the next decision "
         "(default: apart, before it, as a receive loop does)",
+    )
+    p.add_argument(
+        "--dump-decisions",
+        metavar="PREFIX",
+        help="write the repr of every Decision to PREFIX.<mode>.<sites> (to compare code)",
+    )
+    p.add_argument(
+        "--per-decision",
+        metavar="PREFIX",
+        help="write each decision's CPU/wall ms, probe pairs and passes, garbage "
+        "collections to PREFIX.<mode>.<sites>.json",
     )
     p.add_argument("--plots", help="folder for PNG growth curves")
     p.add_argument("--site-interval-ms", type=int, default=1000, help="aggregate min interval")
