@@ -448,11 +448,15 @@ def decisions(
     between them; `dump` gets the repr of every Decision, `per_decision` each one's CPU
     and wall ms, fleet-probe pairs and passes and garbage collections inside it."""
     sel = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
-    collections = [0]
+    collections = [0, 0.0, 0.0, 0]  # collections, their CPU ms, last start, oldest generation
 
     def count_gc(phase: str, info: dict) -> None:
         if phase == "start":
             collections[0] += 1
+            collections[2] = time.thread_time()
+            collections[3] = max(collections[3], info["generation"])
+        else:
+            collections[1] += (time.thread_time() - collections[2]) * 1000
 
     gc.callbacks.append(count_gc)
     # the path vectors from every site (control-plane state: redone only where sites
@@ -484,7 +488,8 @@ def decisions(
         fleet = sel._index_of(table).fleet if per_decision is not None else None
         pairs0 = fleet.pairs if fleet is not None else 0
         passes0 = sel._index[CS_ID].probes if fleet is not None else 0
-        gc0 = collections[0]
+        gc0, gc_ms0 = collections[0], collections[1]
+        collections[3] = -1
         c0, t0 = time.thread_time(), time.perf_counter()
         decision = sel.decide(Request(CS_ID, keys, length, "in"), 0)
         dt = (time.perf_counter() - t0) * 1000
@@ -503,6 +508,8 @@ def decisions(
                     "pairs": fleet.pairs - pairs0,
                     "passes": sel._index[CS_ID].probes - passes0,
                     "gc": collections[0] - gc0,
+                    "gc_ms": collections[1] - gc_ms0,
+                    "gc_generation": collections[3],
                     "keys": len(keys),
                 }
             )
