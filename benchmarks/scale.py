@@ -50,6 +50,7 @@ from pathlib import Path as FilePath
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.trace import find_trace
 from catsproto.node import (
     AdvertisementBuilder,
@@ -443,10 +444,13 @@ def decisions(
     lazy: bool = False,
     dump: list[str] | None = None,
     per_decision: list[dict] | None = None,
+    gc_between: bool = True,
 ) -> dict:
     """Decide `requests` in turn (the first one apart, as the cold one), touching origins
     between them; `dump` gets the repr of every Decision, `per_decision` each one's CPU
-    and wall ms, fleet-probe pairs and passes and garbage collections inside it."""
+    and wall ms, fleet-probe pairs and passes and garbage collections inside it. With
+    `gc_between` garbage is collected between decisions (`DecisionCollector`, as the
+    steering daemon does), timed apart; else CPython collects where it will."""
     sel = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
     collections = [0, 0.0, 0.0, 0]  # collections, their CPU ms, last start, oldest generation
 
@@ -471,6 +475,11 @@ def decisions(
     times: list[float] = []
     cpu: list[float] = []
     sync_cpu: list[float] = []  # bringing the probe up to the touched origins, apart
+    gc_cpu: list[float] = []  # collections between decisions, apart
+    inside = 0  # collections inside timed decisions
+    collector = DecisionCollector() if gc_between else None
+    if collector is not None:
+        collector.start()
     carry = 0.0
     for i, (keys, length) in enumerate(requests):
         if i >= 1:  # the origins whose updates arrived since the last decision
@@ -494,6 +503,7 @@ def decisions(
         decision = sel.decide(Request(CS_ID, keys, length, "in"), 0)
         dt = (time.perf_counter() - t0) * 1000
         c1 = time.thread_time()
+        inside += collections[0] - gc0
         (cold if i == 0 else times).append(dt)
         if i:  # this thread's CPU time: the same figure, less the scheduler's stalls
             cpu.append((c1 - c0) * 1000)
@@ -513,7 +523,13 @@ def decisions(
                     "keys": len(keys),
                 }
             )
+        if collector is not None:  # as the daemon does once it has answered
+            c0 = time.thread_time()
+            collector.between()
+            gc_cpu.append((time.thread_time() - c0) * 1000)
     gc.callbacks.remove(count_gc)
+    if collector is not None:
+        collector.stop()
     arr = np.array(times)
     return {
         "decisions": len(times),
@@ -528,6 +544,11 @@ def decisions(
         # rows of touched origins rebuilt before each decision (None: inside it)
         "sync_cpu_mean_ms": float(np.mean(sync_cpu)) if sync_cpu else None,
         "sync_cpu_p99_ms": float(np.percentile(sync_cpu, 99)) if sync_cpu else None,
+        # garbage collected between decisions (None: inside them, where CPython chose)
+        "gc_between_cpu_mean_ms": float(np.mean(gc_cpu)) if gc_cpu else None,
+        "gc_between_cpu_max_ms": float(np.max(gc_cpu)) if gc_cpu else None,
+        "gc_between_collections": collector.collections if collector is not None else None,
+        "gc_inside_decisions": inside,
     }
 
 
@@ -648,7 +669,14 @@ def run(args: argparse.Namespace) -> dict:
                 dump: list[str] | None = [] if args.dump_decisions else None
                 each: list[dict] | None = [] if args.per_decision else None
                 row["decide"] = decisions(
-                    rib, reqs, touched, 1, lazy=args.lazy_rebuild, dump=dump, per_decision=each
+                    rib,
+                    reqs,
+                    touched,
+                    1,
+                    lazy=args.lazy_rebuild,
+                    dump=dump,
+                    per_decision=each,
+                    gc_between=args.gc == "between",
                 )
                 if dump is not None:
                     name = f"{args.dump_decisions}.{mode}.{sites}"
@@ -827,6 +855,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PREFIX",
         help="write each decision's CPU/wall ms, probe pairs and passes, garbage "
         "collections to PREFIX.<mode>.<sites>.json",
+    )
+    p.add_argument(
+        "--gc",
+        default="between",
+        choices=("between", "auto"),
+        help="garbage collection: between decisions, as the steering daemon does "
+        "(default), or wherever CPython's automatic collector runs",
     )
     p.add_argument("--plots", help="folder for PNG growth curves")
     p.add_argument("--site-interval-ms", type=int, default=1000, help="aggregate min interval")
