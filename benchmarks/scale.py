@@ -445,12 +445,24 @@ def decisions(
     dump: list[str] | None = None,
     per_decision: list[dict] | None = None,
     gc_between: bool = True,
+    warmup: list[tuple[np.ndarray, int]] | None = None,
 ) -> dict:
     """Decide `requests` in turn (the first one apart, as the cold one), touching origins
     between them; `dump` gets the repr of every Decision, `per_decision` each one's CPU
     and wall ms, fleet-probe pairs and passes and garbage collections inside it. With
     `gc_between` garbage is collected between decisions (`DecisionCollector`, as the
-    steering daemon does), timed apart; else CPython collects where it will."""
+    steering daemon does), timed apart; else CPython collects where it will. `warmup`
+    requests are decided first by a second selector over the same RIB, then dropped: the
+    interpreter's and the caches' warm-up, without touching the measured selector's
+    state (its own probe, chunks, plans and pending work), so its decisions stay the
+    same."""
+    if warmup:
+        spare = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
+        spare.prepare(CS_ID)
+        for keys, length in warmup:
+            spare.decide(Request(CS_ID, keys, length, "in"), 0)
+        del spare
+        gc.collect()
     sel = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
     collections = [0, 0.0, 0.0, 0]  # collections, their CPU ms, last start, oldest generation
 
@@ -549,6 +561,7 @@ def decisions(
         "gc_between_cpu_max_ms": float(np.max(gc_cpu)) if gc_cpu else None,
         "gc_between_collections": collector.collections if collector is not None else None,
         "gc_inside_decisions": inside,
+        "warmup_decisions": len(warmup) if warmup else 0,
     }
 
 
@@ -664,6 +677,13 @@ def run(args: argparse.Namespace) -> dict:
                 for r in req_idx.tolist():
                     salt = int(rng.integers(0, min(POOL, sites)))
                     reqs.append((salted(keys[r], salt), int(lengths[r])))
+                # warm-up requests of their own (a generator apart: the measured ones and
+                # their salts stay those of a run without)
+                warm_rng = np.random.default_rng(8)
+                warm = [
+                    (salted(keys[r], int(warm_rng.integers(0, min(POOL, sites)))), int(lengths[r]))
+                    for r in warm_rng.integers(0, len(keys), args.warmup).tolist()
+                ]
                 # origins whose updates land in 1 ms (decisions 1 ms apart)
                 touched = figs["origin_updates_per_s"] * sites / 1000
                 dump: list[str] | None = [] if args.dump_decisions else None
@@ -677,6 +697,7 @@ def run(args: argparse.Namespace) -> dict:
                     dump=dump,
                     per_decision=each,
                     gc_between=args.gc == "between",
+                    warmup=warm,
                 )
                 if dump is not None:
                     name = f"{args.dump_decisions}.{mode}.{sites}"
@@ -862,6 +883,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=("between", "auto"),
         help="garbage collection: between decisions, as the steering daemon does "
         "(default), or wherever CPython's automatic collector runs",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decide N other requests first, with a second selector over the same RIB "
+        "(interpreter and caches warm; the measured selector's state untouched)",
     )
     p.add_argument("--plots", help="folder for PNG growth curves")
     p.add_argument("--site-interval-ms", type=int, default=1000, help="aggregate min interval")
