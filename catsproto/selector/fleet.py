@@ -4,15 +4,14 @@ Strategy. The key index (`index.py`) needs, for a few keys, the set of instances
 summaries hold each of them. Asking every instance's summary in turn costs one numpy
 call per (instance, shard): tens of microseconds each, so a key never seen before cost
 over 100 ms against a thousand instances. Here every binary fuse filter of a service
-table is one *row* — its hash salts, geometry and alphabet in per-row arrays, its slot
-values copied into one shared buffer — so a probe of k keys against r rows is a single
-run of vector operations over the k × r (key, row) pairs whose shard range contains the
-key: the same hashing and gathers as `FuseSummary.contains_many`, with each row's
-parameters broadcast. Deltas on top of a fuse snapshot (`LayeredView`) add exact
-corrections, kept per key in two small dictionaries. Summaries of other kinds (exact
-sets, Bloom filters) and fuse filters with alphabets above 256 stay per-row objects and
-are asked one by one: the node prefers fuse filters for every set larger than a few
-dozen keys, so those rows are few and small.
+table is one *row* — its hash salts, geometry and alphabet in a row of `_par`, its slot
+values copied into one shared buffer — so a probe of k keys against the rows of the
+asked slots is one call of a compiled loop (`probe_pass.py`) over the (key, row) pairs
+whose shard range holds the key, with the hashing of `FuseSummary.contains_many`.
+Summaries of other kinds (exact sets, Bloom filters), fuse filters with alphabets above
+256, and fuse rows with a delta layered on them (`LayeredView`: exact corrections, kept
+per row) are handed back by the pass and asked one by one: the node prefers fuse filters
+for every set larger than a few dozen keys, so those rows are few and small.
 
 Rows are rebuilt lazily: a slot whose generation moved (`ServiceTable.touch`) gets new
 rows at the next probe, its old rows are marked dead, and the buffer is compacted when
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 
 from catsproto.summary.delta import LayeredView
@@ -66,6 +64,11 @@ class FleetProbe:
     """Membership of block keys across all instances of one `ServiceTable`."""
 
     def __init__(self, table: ServiceTable) -> None:
+        # the compiled pass, loaded with the first probe (importing the selector alone
+        # does not pay for the compiler)
+        from catsproto.selector import probe_pass
+
+        self._kernels = probe_pass
         self.table = table
         self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
         self._par = np.zeros((0, _P_WIDTH), dtype=np.uint64)
@@ -417,7 +420,7 @@ class FleetProbe:
                 np.count_nonzero(~cols["fuse"][: self._rows] | cols["corrected"][: self._rows])
             )
             self._special = np.zeros((count, 2), dtype=np.int64)
-        pairs, handed = _probe_pass(
+        pairs, handed = self._kernels.probe_pass(
             _frozen(keys),
             _frozen(slots),
             by_position,
@@ -445,7 +448,7 @@ class FleetProbe:
         inside = np.flatnonzero((keys >= cols["key_lo"][r]) & (keys <= cols["key_hi"][r]))
         x = keys[inside]
         if cols["fuse"][r]:
-            hit = _fuse_row(_frozen(x), self._par[r], self._buf)
+            hit = self._kernels.fuse_row(_frozen(x), self._par[r], self._buf)
             added, removed = self._row_corrections[r]
             if len(removed):
                 hit[np.isin(x, removed)] = False
@@ -466,162 +469,3 @@ def _frozen(a: np.ndarray) -> np.ndarray:
         a = a.view()
         a.flags.writeable = False
     return a
-
-
-# The compiled pass. Types are fixed by the signatures (compiled once, cached beside the
-# module): a caller passing anything else gets a TypeError, never a silent second version.
-_U64 = numba.uint64
-# what the pass only reads of its caller: read-only views (index answers are kept frozen)
-_KEYS = numba.types.Array(_U64, 1, "C", readonly=True)
-_SLOTS = numba.types.Array(numba.int64, 1, "C", readonly=True)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)  # the SplitMix64 finaliser of `hashing.mix64`
-_M2 = np.uint64(0x94D049BB133111EB)
-_LOW32 = np.uint64(0xFFFFFFFF)
-
-
-@numba.njit(_U64(_U64), cache=True, inline="always")
-def _mix(z: int) -> int:
-    z ^= z >> np.uint64(30)
-    z *= _M1
-    z ^= z >> np.uint64(27)
-    z *= _M2
-    return z ^ (z >> np.uint64(31))
-
-
-@numba.njit(_U64(_U64, _U64[::1], _U64[:, ::1], numba.int64), cache=True, inline="always")
-def _slots_of(x: int, p: np.ndarray, at: np.ndarray, i: int) -> int:
-    """Where key x's 3 or 4 slot values lie in the buffer, for the row with parameters `p`
-    (a row of `_par`), into at[i] (an arity-3 row's fourth is 0, the buffer's zero);
-    returns the fingerprint. The hashing of `FuseSummary.contains_many`: start segment
-    and fingerprint from h, the slots within the segments from h2."""
-    h = _mix(x ^ p[_P_SALT0])
-    h2 = _mix(x ^ p[_P_SALT1])
-    first = (((h >> np.uint64(32)) * p[_P_STARTS]) >> np.uint64(32)) << p[_P_SEG_LOG2]
-    first += p[_P_OFFSET]
-    mask, seg = p[_P_SEG_MASK], p[_P_SEG]
-    at[i, 0] = first + (h2 & mask)
-    at[i, 1] = first + seg + ((h2 >> np.uint64(16)) & mask)
-    at[i, 2] = first + np.uint64(2) * seg + ((h2 >> np.uint64(32)) & mask)
-    at[i, 3] = (first + np.uint64(3) * seg + ((h2 >> np.uint64(48)) & mask)) & p[_P_FOUR]
-    return ((h & _LOW32) * p[_P_M]) >> np.uint64(32)
-
-
-@numba.njit(
-    numba.bool_(numba.uint8[::1], _U64[:, ::1], numba.int64, _U64, _U64),
-    cache=True,
-    inline="always",
-)
-def _member(buf: np.ndarray, at: np.ndarray, i: int, fingerprint: int, m: int) -> bool:
-    """Whether the slot values at at[i] sum to the fingerprint modulo m."""
-    acc = np.uint64(buf[at[i, 0]]) + np.uint64(buf[at[i, 1]])
-    acc += np.uint64(buf[at[i, 2]]) + np.uint64(buf[at[i, 3]])
-    return acc % m == fingerprint
-
-
-@numba.njit(numba.bool_[::1](_KEYS, _U64[::1], numba.uint8[::1]), cache=True)
-def _fuse_row(keys: np.ndarray, p: np.ndarray, buf: np.ndarray) -> np.ndarray:
-    """Whether the fuse row with parameters `p` holds each key."""
-    out = np.empty(len(keys), dtype=np.bool_)
-    at = np.empty((1, 4), dtype=np.uint64)
-    for i in range(len(keys)):
-        fingerprint = _slots_of(keys[i], p, at, 0)
-        out[i] = _member(buf, at, 0, fingerprint, p[_P_M])
-    return out
-
-
-_BATCH = 64  # pairs whose buffer reads are issued together (memory-level parallelism)
-
-
-@numba.njit(
-    numba.types.UniTuple(numba.int64, 2)(
-        _KEYS,
-        _SLOTS,
-        numba.bool_,  # columns by position in slots (else slot - base)
-        numba.int64,  # base
-        numba.int64[::1],  # slot_start
-        numba.int64[::1],  # slot_stop
-        _U64[::1],  # key_lo
-        _U64[::1],  # key_hi
-        numba.bool_[::1],  # fuse
-        numba.bool_[::1],  # corrected
-        _U64[:, ::1],  # par (row x parameter)
-        numba.uint8[::1],  # buf
-        numba.bool_[:, ::1],  # out (key x column)
-        numba.int64[:, ::1],  # handed back: (row, column)
-    ),
-    cache=True,
-)
-def _probe_pass(
-    keys, slots, by_position, base, slot_start, slot_stop, key_lo, key_hi, fuse, corrected,
-    par, buf, out, special,
-):  # fmt: skip
-    """Every (key, row) pair of the asked slots' rows whose shard range holds the key,
-    tested in one loop: keys sorted once, each row's range found by bisection. Rows that
-    are not plain fuse rows are handed back in `special` (row, column) instead. Pairs
-    go in batches: their slot positions first, then all their buffer reads (independent
-    loads the processor overlaps: the buffer is far larger than the caches). Returns
-    (pairs tested, rows handed back)."""
-    n = len(keys)
-    order = np.argsort(keys)
-    ks = keys[order]
-    n_slots = len(slot_start)
-    pairs = 0
-    handed = 0
-    at = np.empty((_BATCH, 4), dtype=np.uint64)
-    fingerprint = np.empty(_BATCH, dtype=np.uint64)
-    alphabet = np.empty(_BATCH, dtype=np.uint64)
-    key_of = np.empty(_BATCH, dtype=np.int64)
-    column_of = np.empty(_BATCH, dtype=np.int64)
-    queued = 0
-    for j in range(len(slots)):
-        s = slots[j]
-        if s < 0 or s >= n_slots:
-            continue
-        column = j if by_position else s - base
-        for r in range(slot_start[s], slot_stop[s]):
-            lo, hi = key_lo[r], key_hi[r]
-            if n == 1:
-                if ks[0] < lo or ks[0] > hi:
-                    continue
-                a, b = 0, 1
-            else:
-                a, top = 0, n  # first key >= lo
-                while a < top:
-                    mid = (a + top) >> 1
-                    if ks[mid] < lo:
-                        a = mid + 1
-                    else:
-                        top = mid
-                b, top = a, n  # first key > hi
-                while b < top:
-                    mid = (b + top) >> 1
-                    if ks[mid] <= hi:
-                        b = mid + 1
-                    else:
-                        top = mid
-                if a >= b:
-                    continue
-            if not fuse[r] or corrected[r]:
-                if handed == len(special):  # only if a slot was asked twice
-                    raise ValueError("fleet probe: a slot asked twice in one pass")
-                special[handed, 0] = r
-                special[handed, 1] = column
-                handed += 1
-                continue
-            pairs += b - a
-            p = par[r]
-            for q in range(a, b):
-                fingerprint[queued] = _slots_of(ks[q], p, at, queued)
-                alphabet[queued] = p[_P_M]
-                key_of[queued] = order[q]
-                column_of[queued] = column
-                queued += 1
-                if queued == _BATCH:
-                    for i in range(queued):
-                        if _member(buf, at, i, fingerprint[i], alphabet[i]):
-                            out[key_of[i], column_of[i]] = True
-                    queued = 0
-    for i in range(queued):
-        if _member(buf, at, i, fingerprint[i], alphabet[i]):
-            out[key_of[i], column_of[i]] = True
-    return pairs, handed
