@@ -50,6 +50,7 @@ from pathlib import Path as FilePath
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.trace import find_trace
 from catsproto.node import (
     AdvertisementBuilder,
@@ -441,8 +442,39 @@ def decisions(
     touches_per_decision: float,
     seed: int,
     lazy: bool = False,
+    dump: list[str] | None = None,
+    per_decision: list[dict] | None = None,
+    gc_between: bool = True,
+    warmup: list[tuple[np.ndarray, int]] | None = None,
 ) -> dict:
+    """Decide `requests` in turn (the first one apart, as the cold one), touching origins
+    between them; `dump` gets the repr of every Decision, `per_decision` each one's CPU
+    and wall ms, fleet-probe pairs and passes and garbage collections inside it. With
+    `gc_between` garbage is collected between decisions (`DecisionCollector`, as the
+    steering daemon does), timed apart; else CPython collects where it will. `warmup`
+    requests are decided first by a second selector over the same RIB, then dropped: the
+    interpreter's and the caches' warm-up, without touching the measured selector's
+    state (its own probe, chunks, plans and pending work), so its decisions stay the
+    same."""
+    if warmup:
+        spare = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
+        spare.prepare(CS_ID)
+        for keys, length in warmup:
+            spare.decide(Request(CS_ID, keys, length, "in"), 0)
+        del spare
+        gc.collect()
     sel = PathSelector(rib, StarNetwork(), SelectorConfig(site_nodes={}))
+    collections = [0, 0.0, 0.0, 0]  # collections, their CPU ms, last start, oldest generation
+
+    def count_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections[0] += 1
+            collections[2] = time.thread_time()
+            collections[3] = max(collections[3], info["generation"])
+        else:
+            collections[1] += (time.thread_time() - collections[2]) * 1000
+
+    gc.callbacks.append(count_gc)
     # the path vectors from every site (control-plane state: redone only where sites
     # change), so that a decision never pays for a KV source at a site seen first
     t0 = time.perf_counter()
@@ -455,6 +487,11 @@ def decisions(
     times: list[float] = []
     cpu: list[float] = []
     sync_cpu: list[float] = []  # bringing the probe up to the touched origins, apart
+    gc_cpu: list[float] = []  # collections between decisions, apart
+    inside = 0  # collections inside timed decisions
+    collector = DecisionCollector() if gc_between else None
+    if collector is not None:
+        collector.start()
     carry = 0.0
     for i, (keys, length) in enumerate(requests):
         if i >= 1:  # the origins whose updates arrived since the last decision
@@ -469,12 +506,42 @@ def decisions(
                 c0 = time.thread_time()
                 sel.sync(CS_ID)
                 sync_cpu.append((time.thread_time() - c0) * 1000)
+        fleet = sel._index_of(table).fleet if per_decision is not None else None
+        pairs0 = fleet.pairs if fleet is not None else 0
+        passes0 = sel._index[CS_ID].probes if fleet is not None else 0
+        gc0, gc_ms0 = collections[0], collections[1]
+        collections[3] = -1
         c0, t0 = time.thread_time(), time.perf_counter()
-        sel.decide(Request(CS_ID, keys, length, "in"), 0)
+        decision = sel.decide(Request(CS_ID, keys, length, "in"), 0)
         dt = (time.perf_counter() - t0) * 1000
+        c1 = time.thread_time()
+        inside += collections[0] - gc0
         (cold if i == 0 else times).append(dt)
         if i:  # this thread's CPU time: the same figure, less the scheduler's stalls
-            cpu.append((time.thread_time() - c0) * 1000)
+            cpu.append((c1 - c0) * 1000)
+        if dump is not None:
+            dump.append(repr(decision))
+        if per_decision is not None and fleet is not None:
+            per_decision.append(
+                {
+                    "i": i,
+                    "cpu_ms": (c1 - c0) * 1000,
+                    "wall_ms": dt,
+                    "pairs": fleet.pairs - pairs0,
+                    "passes": sel._index[CS_ID].probes - passes0,
+                    "gc": collections[0] - gc0,
+                    "gc_ms": collections[1] - gc_ms0,
+                    "gc_generation": collections[3],
+                    "keys": len(keys),
+                }
+            )
+        if collector is not None:  # as the daemon does once it has answered
+            c0 = time.thread_time()
+            collector.between()
+            gc_cpu.append((time.thread_time() - c0) * 1000)
+    gc.callbacks.remove(count_gc)
+    if collector is not None:
+        collector.stop()
     arr = np.array(times)
     return {
         "decisions": len(times),
@@ -489,6 +556,12 @@ def decisions(
         # rows of touched origins rebuilt before each decision (None: inside it)
         "sync_cpu_mean_ms": float(np.mean(sync_cpu)) if sync_cpu else None,
         "sync_cpu_p99_ms": float(np.percentile(sync_cpu, 99)) if sync_cpu else None,
+        # garbage collected between decisions (None: inside them, where CPython chose)
+        "gc_between_cpu_mean_ms": float(np.mean(gc_cpu)) if gc_cpu else None,
+        "gc_between_cpu_max_ms": float(np.max(gc_cpu)) if gc_cpu else None,
+        "gc_between_collections": collector.collections if collector is not None else None,
+        "gc_inside_decisions": inside,
+        "warmup_decisions": len(warmup) if warmup else 0,
     }
 
 
@@ -604,9 +677,34 @@ def run(args: argparse.Namespace) -> dict:
                 for r in req_idx.tolist():
                     salt = int(rng.integers(0, min(POOL, sites)))
                     reqs.append((salted(keys[r], salt), int(lengths[r])))
+                # warm-up requests of their own (a generator apart: the measured ones and
+                # their salts stay those of a run without)
+                warm_rng = np.random.default_rng(8)
+                warm = [
+                    (salted(keys[r], int(warm_rng.integers(0, min(POOL, sites)))), int(lengths[r]))
+                    for r in warm_rng.integers(0, len(keys), args.warmup).tolist()
+                ]
                 # origins whose updates land in 1 ms (decisions 1 ms apart)
                 touched = figs["origin_updates_per_s"] * sites / 1000
-                row["decide"] = decisions(rib, reqs, touched, 1, lazy=args.lazy_rebuild)
+                dump: list[str] | None = [] if args.dump_decisions else None
+                each: list[dict] | None = [] if args.per_decision else None
+                row["decide"] = decisions(
+                    rib,
+                    reqs,
+                    touched,
+                    1,
+                    lazy=args.lazy_rebuild,
+                    dump=dump,
+                    per_decision=each,
+                    gc_between=args.gc == "between",
+                    warmup=warm,
+                )
+                if dump is not None:
+                    name = f"{args.dump_decisions}.{mode}.{sites}"
+                    FilePath(name).write_text("\n".join(dump) + "\n")
+                if each is not None:
+                    name = f"{args.per_decision}.{mode}.{sites}.json"
+                    FilePath(name).write_text(json.dumps(each))
                 del rib
                 gc.collect()
             else:
@@ -767,6 +865,32 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rebuild touched origins' probe rows inside the next decision "
         "(default: apart, before it, as a receive loop does)",
+    )
+    p.add_argument(
+        "--dump-decisions",
+        metavar="PREFIX",
+        help="write the repr of every Decision to PREFIX.<mode>.<sites> (to compare code)",
+    )
+    p.add_argument(
+        "--per-decision",
+        metavar="PREFIX",
+        help="write each decision's CPU/wall ms, probe pairs and passes, garbage "
+        "collections to PREFIX.<mode>.<sites>.json",
+    )
+    p.add_argument(
+        "--gc",
+        default="between",
+        choices=("between", "auto"),
+        help="garbage collection: between decisions, as the steering daemon does "
+        "(default), or wherever CPython's automatic collector runs",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decide N other requests first, with a second selector over the same RIB "
+        "(interpreter and caches warm; the measured selector's state untouched)",
     )
     p.add_argument("--plots", help="folder for PNG growth curves")
     p.add_argument("--site-interval-ms", type=int, default=1000, help="aggregate min interval")

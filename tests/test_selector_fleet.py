@@ -400,3 +400,40 @@ def test_sync_moves_rebuilds_out_of_the_decision():
     assert lazy._index[7].fleet.rebuilds == 14  # the lazy one did it there
     assert (got.chosen, got.runner_up) == (want.chosen, want.runner_up)
     assert got.chosen.address == addr(3) and got.chosen.cached_blocks == 60  # the new run
+
+
+def test_compiled_pass_answers_as_each_filter_for_both_arities():
+    """Fuse rows of arity 3 and 4 and several segment sizes, up to four shards per
+    instance, slots asked in any order (one unknown): `held` and `hits` give what each
+    filter's own `contains_many` gives, members and false positives alike."""
+    from catsproto.summary.fuse import FuseSummary
+
+    rng = np.random.default_rng(3)
+    rib = RIB(hold_time_ms=10**9)
+    members = []
+    for i in range(12):
+        keys = rng.integers(0, 2**64 - 1, size=50 + 400 * i, dtype=np.uint64)
+        shards = 1 + i % 4
+        edges = [(2**64 * j) // shards for j in range(shards + 1)]
+        entries = []
+        for j in range(shards):
+            lo, hi = edges[j], edges[j + 1] - 1
+            part = keys[(keys >= np.uint64(lo)) & (keys <= np.uint64(hi))]
+            s = FuseSummary.from_keys(np.unique(part), 0.05, seed=i * 7 + j, arity=3 + (i + j) % 2)
+            entries.append(shard_entry(s, lo, hi, count=max(1, len(part))))
+        announce(rib, i, entries)
+        members.append(keys[::9])
+    probe = FleetProbe(rib.services[7])
+    probe.sync()
+    four = probe._cols["four"][: probe._rows]
+    assert probe._cols["fuse"][: probe._rows].all() and four.any() and not four.all()
+    asked = np.concatenate([*members, rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64)])
+    expect = reference(rib, asked)
+    assert probe.held(asked) == expect
+    own = len(asked) - 3000
+    assert all(m != 0 for m in expect[:own])  # no false negatives
+    slots = np.array([11, 2, 40, 7, 0, 5])  # 40 is no slot: holds nothing
+    hit = probe.hits(asked, slots)
+    for c, s in enumerate(slots.tolist()):
+        assert hit[:, c].tolist() == [bool(m >> s & 1) for m in expect]
+    assert hit[own:].any() and not hit[own:].all()  # false positives, answered alike

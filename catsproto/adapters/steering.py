@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.http import BackgroundHTTPServer
 from catsproto.adapters.instance import mooncake_tokens
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
@@ -318,6 +319,8 @@ class SteeringService:
     selector: PathSelector = field(init=False)
     decisions: int = 0
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
+    # garbage collected between decisions (the daemon's; None: CPython's own collector)
+    collector: DecisionCollector | None = None
 
     def __post_init__(self) -> None:
         self.feed = RibFeed(self.config.rib_file)
@@ -382,6 +385,14 @@ class SteeringService:
                 self.forwarder.install(pull["address"], path.nodes)
         done = time.perf_counter()
         return self.answer(decision, route, decided - started, done - decided, pull)
+
+    def collect_garbage(self) -> int:
+        """Collect garbage if due, while no decision runs (see `DecisionCollector`); the
+        generation collected, -1 if none."""
+        if self.collector is None:
+            return -1
+        with self._lock:
+            return self.collector.between()
 
     def pull_instruction(self, decision: Decision, request: Request) -> dict[str, Any] | None:
         """Where the chosen instance pulls the prefix from (None: computed from its own
@@ -557,6 +568,8 @@ def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
                 self._json(503, {"error": str(exc)})
             except OSError as exc:
                 self._json(502, {"error": f"{type(exc).__name__}: {exc}"})
+            finally:  # answered: now is when a collection delays no decision
+                service.collect_garbage()
 
     return Handler
 
@@ -569,8 +582,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
     forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
-    service = SteeringService(config, forwarder)
+    collector = DecisionCollector()
+    service = SteeringService(config, forwarder, collector=collector)
     forwarder.kernel_routes()  # open netlink once now, not on the first decision
+    service.feed.refresh(int(service.clock() * 1000))  # the RIB as it stands, then frozen
+    collector.start()
     servers = []
     for listen in args.listen or [f"127.0.0.1:{DEFAULT_PORT}"]:
         host, _, port = listen.rpartition(":")
@@ -583,11 +599,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        stop.wait()
+        while not stop.wait(1.0):  # idle or not, garbage is still collected
+            service.collect_garbage()
     finally:
         for s in servers:
             s.close()
         forwarder.remove_all()
+        collector.stop()
     return 0
 
 
