@@ -24,6 +24,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from catsproto.selector.fuse_rows import (
+    P_FOUR,
+    P_M,
+    P_OFFSET,
+    P_SALT0,
+    P_SALT1,
+    P_SEG,
+    P_SEG_LOG2,
+    P_SEG_MASK,
+    P_STARTS,
+    P_WIDTH,
+)
 from catsproto.summary.delta import LayeredView
 from catsproto.summary.fuse import FuseSummary
 from catsproto.summary.hashing import GOLDEN, mix64_int
@@ -50,12 +62,6 @@ _ROW_FIELDS = (
 )
 
 
-# Per-row hashing parameters side by side, the columns of `FleetProbe._par` (row x
-# parameter): what the compiled pass reads of a row, in one or two cache lines.
-_P_SALT0, _P_SALT1, _P_STARTS, _P_SEG_LOG2, _P_SEG_MASK, _P_M, _P_OFFSET, _P_SEG, _P_FOUR = range(9)
-_P_WIDTH = 9
-
-
 def _salt(seed: int, stream: int) -> int:
     return mix64_int((seed + (stream + 1) * GOLDEN) & _MASK64)
 
@@ -71,7 +77,7 @@ class FleetProbe:
         self._kernels = probe_pass
         self.table = table
         self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
-        self._par = np.zeros((0, _P_WIDTH), dtype=np.uint64)
+        self._par = np.zeros((0, P_WIDTH), dtype=np.uint64)
         self._rows = 0
         self._buf = np.zeros(1, dtype=np.uint8)  # index 0 stays 0: arity-3 rows' 4th gather
         self._used = 1
@@ -153,7 +159,7 @@ class FleetProbe:
             grown = np.zeros(size, dtype=col.dtype)
             grown[:r] = col[:r]
             self._cols[name] = grown
-        par = np.zeros((size, _P_WIDTH), dtype=np.uint64)
+        par = np.zeros((size, P_WIDTH), dtype=np.uint64)
         par[:r] = self._par[:r]
         self._par = par
 
@@ -208,7 +214,7 @@ class FleetProbe:
             summary, base = states[j], bases[j]
             if not fuse_old[j]:
                 self._other[r] = summary
-                params.append([0] * _P_WIDTH)
+                params.append([0] * P_WIDTH)
                 continue
             values = base.table_values()
             at = offsets[j]
@@ -235,15 +241,15 @@ class FleetProbe:
         self._par[part] = par
         par = par.T
         for name, at in (
-            ("salt0", _P_SALT0),
-            ("salt1", _P_SALT1),
-            ("starts", _P_STARTS),
-            ("seg_log2", _P_SEG_LOG2),
-            ("seg_mask", _P_SEG_MASK),
-            ("m", _P_M),
+            ("salt0", P_SALT0),
+            ("salt1", P_SALT1),
+            ("starts", P_STARTS),
+            ("seg_log2", P_SEG_LOG2),
+            ("seg_mask", P_SEG_MASK),
+            ("m", P_M),
         ):
             cols[name][part][fuse_rows] = par[at][fuse_rows]
-        cols["four"][part][fuse_rows] = par[_P_FOUR][fuse_rows] != 0
+        cols["four"][part][fuse_rows] = par[P_FOUR][fuse_rows] != 0
         return True
 
     def _correct_row(self, r: int, summary: LayeredView) -> None:
@@ -294,12 +300,12 @@ class FleetProbe:
     def _params(self, r: int) -> list[int]:
         """Row r's hashing parameters, a row of `_par`."""
         cols = self._cols
-        out = [0] * _P_WIDTH
-        out[_P_SALT0], out[_P_SALT1] = int(cols["salt0"][r]), int(cols["salt1"][r])
-        out[_P_STARTS], out[_P_SEG_LOG2] = int(cols["starts"][r]), int(cols["seg_log2"][r])
-        out[_P_SEG_MASK], out[_P_M] = int(cols["seg_mask"][r]), int(cols["m"][r])
-        out[_P_OFFSET], out[_P_SEG] = int(cols["offset"][r]), 1 << int(cols["seg_log2"][r])
-        out[_P_FOUR] = (1 << 64) - 1 if cols["four"][r] else 0  # arity 3: 4th gather at 0
+        out = [0] * P_WIDTH
+        out[P_SALT0], out[P_SALT1] = int(cols["salt0"][r]), int(cols["salt1"][r])
+        out[P_STARTS], out[P_SEG_LOG2] = int(cols["starts"][r]), int(cols["seg_log2"][r])
+        out[P_SEG_MASK], out[P_M] = int(cols["seg_mask"][r]), int(cols["m"][r])
+        out[P_OFFSET], out[P_SEG] = int(cols["offset"][r]), 1 << int(cols["seg_log2"][r])
+        out[P_FOUR] = (1 << 64) - 1 if cols["four"][r] else 0  # arity 3: 4th gather at 0
         return out
 
     def _append(self, values: np.ndarray) -> int:
@@ -321,7 +327,7 @@ class FleetProbe:
         old_cols, old_buf = self._cols, self._buf
         old_other, old_corr = self._other, self._row_corrections
         self._cols = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
-        self._par = np.zeros((0, _P_WIDTH), dtype=np.uint64)
+        self._par = np.zeros((0, P_WIDTH), dtype=np.uint64)
         self._rows, self._used, self._dead = 0, 1, 0
         self._buf = np.zeros(max(1, len(old_buf) // 2), dtype=np.uint8)
         self._slot_rows, self._other, self._row_corrections = {}, {}, {}

@@ -18,16 +18,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from catsproto.selector.fleet import (
-    _P_FOUR,
-    _P_M,
-    _P_OFFSET,
-    _P_SALT0,
-    _P_SALT1,
-    _P_SEG,
-    _P_SEG_LOG2,
-    _P_SEG_MASK,
-    _P_STARTS,
+from catsproto.selector.fuse_rows import (
+    P_FOUR,
+    P_M,
+    P_OFFSET,
+    P_SALT0,
+    P_SALT1,
+    P_SEG,
+    P_SEG_LOG2,
+    P_SEG_MASK,
+    P_STARTS,
 )
 
 _U64 = numba.uint64
@@ -54,16 +54,16 @@ def _slots_of(x: int, p: np.ndarray, at: np.ndarray, i: int) -> int:
     (a row of `_par`), into at[i] (an arity-3 row's fourth is 0, the buffer's zero);
     returns the fingerprint. The hashing of `FuseSummary.contains_many`: start segment
     and fingerprint from h, the slots within the segments from h2."""
-    h = _mix(x ^ p[_P_SALT0])
-    h2 = _mix(x ^ p[_P_SALT1])
-    first = (((h >> np.uint64(32)) * p[_P_STARTS]) >> np.uint64(32)) << p[_P_SEG_LOG2]
-    first += p[_P_OFFSET]
-    mask, seg = p[_P_SEG_MASK], p[_P_SEG]
+    h = _mix(x ^ p[P_SALT0])
+    h2 = _mix(x ^ p[P_SALT1])
+    first = (((h >> np.uint64(32)) * p[P_STARTS]) >> np.uint64(32)) << p[P_SEG_LOG2]
+    first += p[P_OFFSET]
+    mask, seg = p[P_SEG_MASK], p[P_SEG]
     at[i, 0] = first + (h2 & mask)
     at[i, 1] = first + seg + ((h2 >> np.uint64(16)) & mask)
     at[i, 2] = first + np.uint64(2) * seg + ((h2 >> np.uint64(32)) & mask)
-    at[i, 3] = (first + np.uint64(3) * seg + ((h2 >> np.uint64(48)) & mask)) & p[_P_FOUR]
-    return ((h & _LOW32) * p[_P_M]) >> np.uint64(32)
+    at[i, 3] = (first + np.uint64(3) * seg + ((h2 >> np.uint64(48)) & mask)) & p[P_FOUR]
+    return ((h & _LOW32) * p[P_M]) >> np.uint64(32)
 
 
 @numba.njit(
@@ -85,7 +85,7 @@ def fuse_row(keys: np.ndarray, p: np.ndarray, buf: np.ndarray) -> np.ndarray:
     at = np.empty((1, 4), dtype=np.uint64)
     for i in range(len(keys)):
         fingerprint = _slots_of(keys[i], p, at, 0)
-        out[i] = _member(buf, at, 0, fingerprint, p[_P_M])
+        out[i] = _member(buf, at, 0, fingerprint, p[P_M])
     return out
 
 
@@ -172,7 +172,7 @@ def probe_pass(
             p = par[r]
             for q in range(a, b):
                 fingerprint[queued] = _slots_of(ks[q], p, at, queued)
-                alphabet[queued] = p[_P_M]
+                alphabet[queued] = p[P_M]
                 key_of[queued] = order[q]
                 column_of[queued] = column
                 queued += 1
