@@ -278,6 +278,9 @@ class HierarchicalPolicy(CatsprotoPolicy):
         assert isinstance(control, HierarchicalControlPlane)
         local = control.local_selectors[s]
         table = control.local_ribs[s].services[CS_ID]
+        # the queues as they were before this request: its own decision's work aside
+        log = local._pending_store(table).log[table.by_address[chosen.address].slot]
+        mine = log.pop() if log else None
         best, best_q = None, 0.0
         for address, inst in table.by_address.items():
             if not table.alive[inst.slot]:
@@ -285,6 +288,8 @@ class HierarchicalPolicy(CatsprotoPolicy):
             q = local.queued_ms(table, inst.slot, t)
             if best is None or q < best_q:
                 best, best_q = address, q
+        if mine is not None:
+            log.append(mine)
         if best is None:
             return chosen
         total = chosen.rtt_ms + chosen.upload_ms + best_q + wanted.fetch_ms + wanted.prefill_ms
