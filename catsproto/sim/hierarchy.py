@@ -21,7 +21,11 @@ where the state is freshest and where every request for that site passes. Here:
   (which is added to the round trip); ``site_sticky_ms`` leaves a request on the holder
   of a longer prefix when that is at most this much slower, instead of copying the
   prefix; at the ingress, ``remote_margin_ms`` keeps a request home unless a remote site
-  is better by that much.
+  is better by that much;
+- with pulls (scenario ``remote_kv``) the site C-PS prices pulls among its own
+  instances, and a pull the ingress planned from another site's holder travels with
+  the request (source, priced pull, remaining prefill): the site C-PS gives it to its
+  least-queued instance when that beats its own best (`_carried_pull`).
 
 `DeadReckoningSelector` is the selector with one change to its queue term: the work
 sent since an instance's advertisement is replayed as an FCFS queue drained at the
