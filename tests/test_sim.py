@@ -504,3 +504,54 @@ def test_overflow_signal_reaches_a_site_known_only_by_its_aggregate(signal, inst
         unregister()
     assert got_inst == inst
     assert got_ttft == pytest.approx(ttft)
+
+
+@pytest.mark.parametrize("pulls", [True, False])
+def test_site_cps_pulls_from_a_busy_sibling_by_hand(pulls):
+    # STICK with pulls priced (1,000-byte blocks, HBM at 8,000,000 Mbit/s). r0 t=0:
+    # fallback A1 (17), advertised at the 1 s tick | r1 t=2000: A1 A2 tie at 21 -> A1,
+    # busy until 2020 | r2 (shares three blocks with r0): A1 1 + 20 + (16 - 12) = 25; A2
+    # 1 + 0 + 16 = 17, or A2 pulling the three blocks from A1 inside the site: no delay,
+    # 3 x 1000 B x 8 / 8,000,000 Mbit/s = 3e-6 ms, 1 + 0 + 3e-6 + 4. A's C-PS holds A1's
+    # summary, so it plans that pull: A2, 5 + 3e-6. Without pulls: A2 from scratch, 17.
+    sc = mini(site_dispatch=True, ingress_index=3, bytes_per_block=1000, remote_kv=pulls)
+    inst, hits, ttft, r = outcome("catsproto", sc, requests=STICK)
+    assert inst == [0, 0, 1]
+    if pulls:
+        assert hits == [0, 0, 3]
+        assert r.pulled_blocks.tolist() == [0, 0, 3]
+        assert ttft == pytest.approx([17, 21, 5 + 3e-6], abs=1e-9)
+        assert r.fetch_ms.tolist()[2] == pytest.approx(3e-6, abs=1e-12)
+    else:
+        assert hits == [0, 0, 0]
+        assert r.pulled_blocks.tolist() == [0, 0, 0]
+        assert ttft == pytest.approx([17, 21, 17])
+
+
+CARRY = [
+    TraceRequest(0, 16, 1, (1, 2, 4, 7)),  # ingress B
+    TraceRequest(2000, 16, 1, (1, 2, 4, 8)),  # ingress A, the first three blocks held at B1
+]
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_site_cps_takes_the_ingress_pull_from_another_site_by_hand(carry, monkeypatch):
+    # r0 t=0: fallback at B: B1, 1 + 0 + 16 = 17; advertised at the 1 s tick, heard at A
+    #   at 1000 + 5 + 2 hops = 1007.
+    # r1 t=2000 at ingress A: B1 10 + 0 + 4 = 14; A1 1 + 0 + 16 = 17; A1 pulling B1's
+    #   three blocks: one-way 5 ms + 3 x 1000 B x 8 / 100,000 Mbit/s (the link; HBM is
+    #   wider) = 5.00024, 1 + 0 + 5.00024 + 4 = 10.00024 -> site A, source B1. A's C-PS
+    #   knows only A1 A2 (17 each): the source travelling with the request makes A1 pull
+    #   it: 10.00024, as the engine prices the pull (same link). Without it: A1, 17.
+    monkeypatch.setattr(HierarchicalPolicy, "carry_source", carry)
+    sc = mini(site_dispatch=True, ingress_index=3, bytes_per_block=1000, remote_kv=True)
+    assert prepared(sc, CARRY).ingress.tolist() == [1, 0]
+    inst, hits, ttft, r = outcome("catsproto", sc, requests=CARRY)
+    assert inst == [2, 0]
+    if carry:
+        assert hits == [0, 3]
+        assert r.pulled_blocks.tolist() == [0, 3]
+        assert ttft == pytest.approx([17, 10.00024])
+    else:
+        assert hits == [0, 0]
+        assert ttft == pytest.approx([17, 17])

@@ -188,6 +188,7 @@ class AggregatedPolicy(HierarchicalPolicy):
 
     name = "catsproto-agg"
     options = AggregateOptions()
+    carry_source = False  # a remote site is one aggregate origin: no holder to pull from
 
     def __init__(
         self, cluster: Cluster, trace: PreparedTrace, seed: int, *, exact: bool = False

@@ -21,7 +21,11 @@ where the state is freshest and where every request for that site passes. Here:
   (which is added to the round trip); ``site_sticky_ms`` leaves a request on the holder
   of a longer prefix when that is at most this much slower, instead of copying the
   prefix; at the ingress, ``remote_margin_ms`` keeps a request home unless a remote site
-  is better by that much.
+  is better by that much;
+- with pulls (scenario ``remote_kv``) the site C-PS prices pulls among its own
+  instances, and a pull the ingress planned from another site's holder travels with
+  the request (source, priced pull, remaining prefill): the site C-PS gives it to its
+  least-queued instance when that beats its own best (`_carried_pull`).
 
 `DeadReckoningSelector` is the selector with one change to its queue term: the work
 sent since an instance's advertisement is replayed as an FCFS queue drained at the
@@ -36,6 +40,7 @@ Pure and deterministic, like the rest of `catsproto.sim`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 
@@ -162,7 +167,7 @@ class HierarchicalControlPlane(ControlPlane):
                 SelectorConfig(
                     site_nodes={s + 1: name},
                     request_bytes_per_token=sc.request_bytes_per_token,
-                    allow_remote_kv=False,
+                    allow_remote_kv=sc.remote_kv,  # pulls among the site's own instances
                     default_block_size=sc.block_tokens,
                     spread_ms=0.0,  # the only C-PS sending work here: no herd to break
                     seed=sc.seed * 1000 + 500 + s,
@@ -180,6 +185,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
     """catsproto with a site C-PS choosing the instance (scenario ``site_dispatch``)."""
 
     name = "catsproto"
+    carry_source = True  # a pull the ingress planned from another site travels along
 
     def __init__(
         self, cluster: Cluster, trace: PreparedTrace, seed: int, *, exact: bool = False
@@ -193,6 +199,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.bounces = 0  # handed back to the ingress's site: the chosen site was busy
         self.sticky = 0  # left on the prefix holder though another looked a bit faster
         self.kept_home = 0  # a remote site looked better, but not by the margin
+        self.carried_pulls = 0  # the site C-PS took the ingress's pull from another site
 
     def choose(self, r: int, t: int) -> Choice:
         control = self.control
@@ -223,6 +230,8 @@ class HierarchicalPolicy(CatsprotoPolicy):
         chosen = self._site_pick(s, r, t)
         if chosen is None:
             return self._fallback(s, t)
+        if sc.remote_kv and self.carry_source:
+            chosen = self._carried_pull(s, t, top.chosen, chosen)
         extra = 0.0
         if s != x and sc.site_bounce:
             # Site s's C-PS sees its real queue; if that makes it slower than the
@@ -247,7 +256,64 @@ class HierarchicalPolicy(CatsprotoPolicy):
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
         assert isinstance(box, DeadReckoningSelector)
         box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
-        return Choice(self._index[chosen.address], None, chosen.cached_blocks, extra_rtt_ms=extra)
+        source = chosen.kv_source
+        return Choice(
+            self._index[chosen.address],
+            None if source is None else self._index[source],
+            chosen.cached_blocks,
+            extra_rtt_ms=extra,
+        )
+
+    def _carried_pull(self, s: int, t: int, wanted: Estimate, chosen: Estimate) -> Estimate:
+        """The ingress's winner `wanted` pulls its prefix from another site's instance:
+        that source, and what the ingress priced the pull and the remaining prefill at,
+        travel with the request (the site C-PS's RIB holds only its own site). The pull
+        costs the same to any instance of site s (same link, same source tiers), so the
+        best place for it is the least-queued instance there; the site C-PS takes it if
+        that beats its own best (local hit or a pull inside the site) on its fresh
+        queues. The pending work it records then counts the pull as well, which keeps
+        the destination busy as long as the prefill does."""
+        src = wanted.kv_source
+        if src is None or src not in self._index:
+            return chosen
+        if int(self.cluster.site[self._index[src]]) == s:
+            return chosen  # the site C-PS holds that source itself and priced it
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
+        local = control.local_selectors[s]
+        table = control.local_ribs[s].services[CS_ID]
+        # the queues as they were before this request: its own decision's work aside
+        log = local._pending_store(table).log[table.by_address[chosen.address].slot]
+        mine = log.pop() if log else None
+        best, best_q = None, 0.0
+        for address, inst in table.by_address.items():
+            if not table.alive[inst.slot]:
+                continue
+            q = local.queued_ms(table, inst.slot, t)
+            if best is None or q < best_q:
+                best, best_q = address, q
+        if mine is not None:
+            log.append(mine)
+        if best is None:
+            return chosen
+        total = chosen.rtt_ms + chosen.upload_ms + best_q + wanted.fetch_ms + wanted.prefill_ms
+        if not total < chosen.total_ms:
+            return chosen
+        pulled = dataclasses.replace(
+            chosen,
+            address=best,
+            queue_ms=best_q,
+            cached_blocks=0,  # what matters is the source's prefix (not checked: a pull)
+            expected_cached_blocks=0.0,
+            kv_source=src,
+            fetch_ms=wanted.fetch_ms,
+            prefill_ms=wanted.prefill_ms,
+            total_ms=total,
+        )
+        local.forget_last(CS_ID, chosen.address)
+        local.note(CS_ID, best, t, self._tokens(s, pulled))
+        self.carried_pulls += 1
+        return pulled
 
     def _signal(self, x: int, s: int, t: int) -> None:
         """A request ingress x sends to site s says how busy x's own site is (x's box
@@ -307,7 +373,9 @@ class HierarchicalPolicy(CatsprotoPolicy):
         return chosen
 
     def _tokens(self, s: int, est: Estimate) -> float:
-        return est.prefill_ms / 1000 * self._tps(s, est.address)
+        """The work `est` puts on its instance: its prefill, and a fetch or pull, which
+        keeps the instance busy as long (0 in single-tier scenarios without pulls)."""
+        return (est.prefill_ms + est.fetch_ms) / 1000 * self._tps(s, est.address)
 
     def _tps(self, s: int, address: object) -> float:
         table = self.control.local_ribs[s].services[CS_ID]
