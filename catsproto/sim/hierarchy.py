@@ -110,6 +110,26 @@ class DeadReckoningSelector(PathSelector):
         log = self._pending_store(table).log[slot]
         return replay(float(table.backlog_tokens[slot]), at, log, tps, now_ms) * 1000 / tps
 
+    def least_queued(
+        self, table: ServiceTable, now_ms: float, before_last_at: int | None = None
+    ) -> tuple[object, float] | None:
+        """The live instance with the least replayed queue at `now_ms`: (address, ms), or
+        None when none is live. With `before_last_at` (a slot), the queues as they were
+        before the last decision logged there."""
+        log = self._pending_store(table).log[before_last_at] if before_last_at is not None else []
+        last = log.pop() if log else None
+        try:
+            best: tuple[object, float] | None = None
+            for address, inst in table.by_address.items():
+                if table.alive[inst.slot]:
+                    q = self.queued_ms(table, inst.slot, now_ms)
+                    if best is None or q < best[1]:
+                        best = (address, q)
+            return best
+        finally:
+            if last is not None:
+                log.append(last)
+
     def forget_last(self, cs_id: int, address: object) -> None:
         """Undo the pending work the last decision for `address` recorded."""
         table = self.rib.services[cs_id]
@@ -283,19 +303,10 @@ class HierarchicalPolicy(CatsprotoPolicy):
         local = control.local_selectors[s]
         table = control.local_ribs[s].services[CS_ID]
         # the queues as they were before this request: its own decision's work aside
-        log = local._pending_store(table).log[table.by_address[chosen.address].slot]
-        mine = log.pop() if log else None
-        best, best_q = None, 0.0
-        for address, inst in table.by_address.items():
-            if not table.alive[inst.slot]:
-                continue
-            q = local.queued_ms(table, inst.slot, t)
-            if best is None or q < best_q:
-                best, best_q = address, q
-        if mine is not None:
-            log.append(mine)
-        if best is None:
+        least = local.least_queued(table, t, before_last_at=table.by_address[chosen.address].slot)
+        if least is None:
             return chosen
+        best, best_q = least
         total = chosen.rtt_ms + chosen.upload_ms + best_q + wanted.fetch_ms + wanted.prefill_ms
         if not total < chosen.total_ms:
             return chosen
