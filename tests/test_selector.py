@@ -467,3 +467,59 @@ def test_work_weight_prunes_remote_pulls_only_where_they_cannot_matter(monkeypat
         assert repr(got) == repr(want), n
         pulls += got.chosen.kv_source is not None
     assert pulls > 0  # the pulls were in play
+
+
+def _one_site(pending: str) -> tuple[RIB, PathSelector]:
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.1.2", 1), now_ms=1000)
+    net = Network([Link("ingress", "site1", delay_ms=5, bandwidth_mbps=10_000)])
+    return rib, PathSelector(rib, net, SelectorConfig(pending=pending))
+
+
+def test_pending_count_keeps_sent_work_until_an_advertisement_counts_it():
+    """`count`: a decision's prefill (8192 tokens at 10,000/s: 819.2 ms) stays in the
+    queue term in full until an advertisement built at or after it arrives."""
+    rib, sel = _one_site("count")
+    first = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen
+    a = first.address
+    assert first.queue_ms == 0 and first.prefill_ms == pytest.approx(819.2)
+    assert sel.queued_ms(7, a, 1500) == pytest.approx(819.2)  # not drained
+    second = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1500).chosen
+    assert second.address != a and second.queue_ms == 0  # the other one is idle
+    assert sel.note(7, a, 1600, 1000.0)  # another C-PS sent 100 ms more
+    assert sel.queued_ms(7, a, 1600) == pytest.approx(919.2)
+    assert sel.forget_last(7, a) and sel.queued_ms(7, a, 1600) == pytest.approx(819.2)
+    assert not sel.note(7, ipaddress.ip_address("10.9.9.9"), 1600, 1.0)
+    # an advertisement of the decision's own millisecond counts it (backlog 0: done)
+    rib.accept(advert(str(a), 1, seq=2, ts=1000), now_ms=1700)
+    assert sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1700).chosen.queue_ms == 0
+
+
+def test_pending_drain_replays_sent_work_at_the_advertised_rate():
+    """`drain`: the same work drains at 10 tokens/ms from the decision on; an entry of
+    the advertisement's own millisecond still counts (it may be newer than the build)."""
+    rib, sel = _one_site("drain")
+    a = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen.address
+    assert sel.queued_ms(7, a, 1500) == pytest.approx(319.2)
+    assert sel.note(7, a, 1500, 1000.0)  # queued behind what is left: +100 ms
+    assert sel.queued_ms(7, a, 1500) == pytest.approx(419.2)
+    assert sel.queued_ms(7, a, 2000) == 0
+    b = next(x for x in rib.services[7].by_address if x != a)
+    assert sel.least_queued(7, 1500) == (b, 0.0)
+    # the queues before the last work counted at a: 319.2 ms there
+    assert sel.note(7, b, 1500, 5000.0)
+    assert sel.least_queued(7, 1500, before_last=b) == (b, 0.0)
+    assert sel.least_queued(7, 1500)[0] == a
+    assert sel.forget_last(7, b) and sel.queued_ms(7, b, 1500) == 0
+    rib.accept(advert(str(a), 1, seq=2, ts=1000), now_ms=1500)
+    got = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1500)
+    assert got.chosen.address == b  # a still has 419.2 ms: kept, as the replay says
+    assert got.runner_up.queue_ms == pytest.approx(419.2)
+
+
+def test_pending_mode_is_checked():
+    with pytest.raises(ValueError, match="pending must be one of count, drain"):
+        SelectorConfig(pending="fifo")
+    with pytest.raises(ValueError, match="peer_selectors"):
+        SelectorConfig(pending="drain", peer_selectors=4)

@@ -31,6 +31,7 @@ from catsproto.node import (
     TieredCache,
     TierSpec,
 )
+from catsproto.selector.pending import replay
 from catsproto.sim import (
     Cluster,
     PreparedTrace,
@@ -41,7 +42,7 @@ from catsproto.sim import (
     run_policy,
 )
 from catsproto.sim.control import ControlPlane
-from catsproto.sim.hierarchy import HierarchicalPolicy, replay
+from catsproto.sim.hierarchy import HierarchicalPolicy
 from catsproto.wire import Tier
 
 TRACE_FILE = str(find_trace())
@@ -243,6 +244,10 @@ def test_scenario_overrides_and_errors():
         Scenario.from_mapping({**raw, "rtt_ms": {"A-B": 1}})
     with pytest.raises(ScenarioError, match="selector_site"):
         Scenario.from_mapping({**raw, "selector_site": "Z"})
+    with pytest.raises(ScenarioError, match="selector_peers applies to the flat selector"):
+        Scenario.from_mapping({**raw, "selector_peers": True})  # S1 is two-level
+    flat = Scenario.from_mapping({**raw, "selector_peers": True, "site_dispatch": False})
+    assert flat.selector_peers and not flat.site_dispatch
     for name, code in (("exact", 1), ("Bloom", 2), ("fuse", 3), ("3", 3), ("auto", None)):
         got = Scenario.from_mapping(apply_overrides(raw, [f"summary_kind={name}"]))
         assert got.summary_kind == code, name

@@ -38,7 +38,6 @@ Pure: `now_ms` and the seed come in.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +45,7 @@ import numpy as np
 
 from catsproto.selector.index import KeyIndex
 from catsproto.selector.network import Network, Path
+from catsproto.selector.pending import PENDING_MODES, PendingWork
 from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
 from catsproto.wire import Tier
 
@@ -172,10 +172,20 @@ class SelectorConfig:
     # Rank candidates by ttft + work_weight x prefill ms (the instance time the choice
     # uses up) instead of by ttft alone; the estimates keep the real terms. 0: ttft only.
     work_weight: float = 0.0
+    # How the work this selector sent since an instance's advertisement enters its queue
+    # term (catsproto.selector.pending): "count" in full until an advertisement counts
+    # it (times peer_selectors), "drain" replayed as an FCFS queue at the advertised rate.
+    pending: str = "count"
 
     def __post_init__(self) -> None:
         if not (self.work_weight >= 0 and math.isfinite(self.work_weight)):
             raise ValueError(f"work_weight must be a finite number >= 0, not {self.work_weight}")
+        if self.pending not in PENDING_MODES:
+            raise ValueError(
+                f"pending must be one of {', '.join(PENDING_MODES)}, not {self.pending!r}"
+            )
+        if self.pending == "drain" and self.peer_selectors != 1:
+            raise ValueError("peer_selectors applies to counted pending work (pending='count')")
 
     def node_of(self, site_id: int) -> str:
         return self.site_nodes.get(site_id, f"site{site_id}")
@@ -183,16 +193,6 @@ class SelectorConfig:
 
 class NoInstanceError(LookupError):
     """No live, reachable instance serves the requested CS-ID."""
-
-
-@dataclass
-class _Pending:
-    """Prefill tokens this selector sent to each slot, not yet in its advertised load."""
-
-    tokens: np.ndarray
-    seen_version: np.ndarray
-    log: list[deque[tuple[int, float]]]
-    ms: np.ndarray  # the same as queue time: tokens x peer selectors at the slot's rate
 
 
 def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
@@ -243,7 +243,7 @@ class PathSelector:
         self.config = config or SelectorConfig()
         self._index: dict[int, KeyIndex] = {}
         self._plans: dict[int, dict[tuple[bytes, int, int], _Holders]] = {}
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, PendingWork] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
         self._draws = 0
         # (node, CS-ID) -> (version, delay, bandwidth, the sites they were worked out for)
@@ -355,49 +355,78 @@ class PathSelector:
             self._arange = np.arange(n)
         return self._arange
 
-    def _pending_for(self, table: ServiceTable) -> _Pending:
-        """This selector's own work per slot, less what newer advertisements count."""
-        pend = self._pending_store(table)
-        n = len(table.alive)
-        # An advertisement newer than a decision already counts that decision's work.
-        for slot in np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0].tolist():
-            log = pend.log[slot]
-            while log and log[0][0] <= table.metrics_ms[slot]:
-                pend.tokens[slot] -= log.popleft()[1]
-            if not log:  # no float residue: an empty log means nothing pending
-                pend.tokens[slot] = 0.0
-            if not table.alive[slot]:
-                log.clear()
-                pend.tokens[slot] = 0.0
-            pend.seen_version[slot] = table.metrics_version[slot]
-            self._pending_ms(pend, table, slot)
-        return pend
-
-    def _pending_store(self, table: ServiceTable) -> _Pending:
-        """The per-slot record of work sent, grown with the table."""
-        n = len(table.alive)
+    def _pending_for(self, table: ServiceTable) -> PendingWork:
+        """The per-slot record of work this selector sent, grown with the table."""
         pend = self._pending.get(table.cs_id)
-        if pend is None or len(pend.tokens) < n:
-            old = pend
-            pend = _Pending(
-                np.zeros(n),
-                np.full(n, -1, dtype=np.int64),
-                [deque() for _ in range(n)],
-                np.zeros(n),
-            )
-            if old is not None:
-                m = len(old.tokens)
-                pend.tokens[:m], pend.seen_version[:m], pend.log[:m], pend.ms[:m] = (
-                    old.tokens,
-                    old.seen_version,
-                    old.log,
-                    old.ms,
-                )
+        if pend is None:
+            cfg = self.config
+            pend = PendingWork(cfg.pending == "drain", cfg.peer_selectors)
             self._pending[table.cs_id] = pend
         return pend
 
-    def _pending_ms(self, pend: _Pending, table: ServiceTable, slot: int) -> None:
-        pend.ms[slot] = self.config.peer_selectors * pend.tokens[slot] * table.ms_per_token[slot]
+    def _slot_of(self, cs_id: int, address: IPAddress) -> tuple[ServiceTable, int] | None:
+        table = self.rib.services.get(cs_id)
+        inst = table.by_address.get(address) if table is not None else None
+        return None if inst is None else (table, inst.slot)  # type: ignore[return-value]
+
+    # ---- work sent, as the queue term counts it ----------------------------------------
+
+    def note(self, cs_id: int, address: IPAddress, now_ms: int, tokens: float) -> bool:
+        """Count `tokens` of work another decision-maker sent to `address` at `now_ms`
+        (a site's C-PS telling the ingress selector in the same box, say), as if this
+        selector had sent it. False: no such instance in the RIB."""
+        found = self._slot_of(cs_id, address)
+        if found is None:
+            return False
+        table, slot = found
+        self._pending_for(table).add(table, slot, now_ms, tokens)
+        return True
+
+    def forget_last(self, cs_id: int, address: IPAddress) -> bool:
+        """Undo the last work counted for `address` (this selector's decision, or a
+        `note`): the request went elsewhere. False: nothing was counted there."""
+        found = self._slot_of(cs_id, address)
+        if found is None:
+            return False
+        table, slot = found
+        return self._pending_for(table).pop_last(table, slot) is not None
+
+    def queued_ms(self, cs_id: int, address: IPAddress, now_ms: int) -> float:
+        """The queue this selector reckons `address` has at `now_ms`: the advertised
+        backlog drained at the advertised rate plus the work counted since, in ms of
+        that rate. KeyError: no such instance."""
+        found = self._slot_of(cs_id, address)
+        if found is None:
+            raise KeyError(address)
+        table, slot = found
+        tokens = self._pending_for(table).queued_tokens(table, slot, now_ms)
+        return tokens * 1000 / float(table.prefill_tps[slot])
+
+    def least_queued(
+        self, cs_id: int, now_ms: int, *, before_last: IPAddress | None = None
+    ) -> tuple[IPAddress, float] | None:
+        """The live instance with the least `queued_ms`: (address, ms), or None when
+        there is none. With `before_last`, the queues as they were before the last work
+        counted at that address (the request being placed, say)."""
+        table = self.rib.services.get(cs_id)
+        if table is None:
+            return None
+        pend = self._pending_for(table)
+        slot = table.by_address[before_last].slot if before_last is not None else None
+        log = pend.log[slot] if slot is not None and slot < len(pend.log) else None
+        last = log.pop() if log else None
+        try:
+            best: tuple[IPAddress, float] | None = None
+            for address, inst in table.by_address.items():
+                if table.alive[inst.slot]:
+                    q = pend.queued_tokens(table, inst.slot, now_ms) * 1000
+                    q /= float(table.prefill_tps[inst.slot])
+                    if best is None or q < best[1]:
+                        best = (address, q)
+            return best
+        finally:
+            if last is not None and log is not None:
+                log.append(last)
 
     # ---- the decision ------------------------------------------------------------------
 
@@ -419,6 +448,7 @@ class PathSelector:
                 raise NoInstanceError(f"no live instance for CS-ID {request.cs_id}")
             candidates = int.from_bytes(np.packbits(live, bitorder="little").tobytes(), "little")
         pend = self._pending_for(table)
+        pend.refresh(table, now_ms)
         rtt, bw_kbps = self._site_terms(request.ingress, table, pick)
         ms_per_token = table.ms_per_token[pick]
         tokens = request.prompt_tokens
@@ -515,9 +545,9 @@ class PathSelector:
 
         chosen_slot = int(slots[order[0]])
         work = best.prefill_ms / 1000 * table.prefill_tps[chosen_slot]
-        pend.tokens[chosen_slot] += work
-        pend.log[chosen_slot].append((now_ms, work))
-        self._pending_ms(pend, table, chosen_slot)
+        pend.add(table, chosen_slot, now_ms, work)
+        if pend.drain:
+            pend.drain_ms(table, chosen_slot, now_ms)
         return Decision(best, runner, len(slots))
 
     def _holders(

@@ -10,7 +10,7 @@ where the state is freshest and where every request for that site passes. Here:
   its winner;
 - site S's C-PS holds a RIB of S's instances only, fed by the same signed routes
   (verified once per C-PS box; they arrive after the intra-site delay, 1.5 ms in S1),
-  and runs its own selector over it (`DeadReckoningSelector`). Being the only C-PS that
+  and runs its own selector over it. Being the only C-PS that
   sends work to S's instances, its count of work sent since each advertisement is
   complete, so four ingresses inside one millisecond's burst no longer pile onto one
   instance: they can only pile onto one site, whose C-PS spreads the pile. It tells the
@@ -27,11 +27,10 @@ where the state is freshest and where every request for that site passes. Here:
   the request (source, priced pull, remaining prefill): the site C-PS gives it to its
   least-queued instance when that beats its own best (`_carried_pull`).
 
-`DeadReckoningSelector` is the selector with one change to its queue term: the work
-sent since an instance's advertisement is replayed as an FCFS queue drained at the
-advertised prefill rate (each decision's prefill queued behind what was left at its
-time), instead of being counted in full until the next advertisement. A decision made
-in the advertisement's own millisecond but after it was built still counts.
+Every selector here counts the work sent since an instance's advertisement with
+`SelectorConfig(pending="drain")`: replayed as an FCFS queue drained at the advertised
+prefill rate (each decision's work queued behind what was left at its time), instead
+of being counted in full until the next advertisement (`catsproto.selector.pending`).
 
 The instance the engine sees is the site C-PS's choice; its claimed prefix is what that
 C-PS believed, so stale and false-positive accounting uses the site C-PS's view.
@@ -41,7 +40,6 @@ Pure and deterministic, like the rest of `catsproto.sim`.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -49,125 +47,13 @@ import numpy as np
 from catsproto import wire
 from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
 from catsproto.selector.rib import ServiceTable
-from catsproto.selector.selector import Decision, Estimate, _Pending
+from catsproto.selector.selector import Estimate
 from catsproto.sim.cluster import Cluster
 from catsproto.sim.control import CS_ID, ControlPlane
 from catsproto.sim.policies import CatsprotoPolicy, Choice
 from catsproto.sim.trace import PreparedTrace
 
-__all__ = ["DeadReckoningSelector", "HierarchicalControlPlane", "HierarchicalPolicy", "replay"]
-
-
-def replay(
-    backlog: float, at_ms: float, sent: deque[tuple[int, float]], tps: float, now_ms: float
-) -> float:
-    """Tokens still queued at `now_ms` at an instance that advertised `backlog` tokens at
-    `at_ms` and has since been sent `sent` = (time, prefill tokens), FCFS, draining at
-    `tps` tokens per second. Entries before `at_ms` are skipped (the advertisement
-    counts them). Leading entries that cannot matter any more — the queue was empty
-    when a later one arrived, so the same replay without them gives the same answer —
-    are removed from `sent`, which keeps the replay short however long an
-    advertisement lives."""
-    q, cursor, drop = backlog, at_ms, 0
-    for k, (when, tokens) in enumerate(sent):
-        if when < at_ms:
-            drop = k + 1
-            continue
-        q = max(0.0, q - (when - cursor) * tps / 1000)
-        if q == 0.0:
-            drop = k
-        q += tokens
-        cursor = when
-    for _ in range(drop):
-        sent.popleft()
-    return max(0.0, q - (now_ms - cursor) * tps / 1000)
-
-
-class DeadReckoningSelector(PathSelector):
-    """`PathSelector` whose pending work drains at the advertised rate (see the module)."""
-
-    _now_ms = 0
-
-    def decide(self, request: Request, now_ms: int) -> Decision:
-        self._now_ms = now_ms
-        return super().decide(request, now_ms)
-
-    def note(self, cs_id: int, address: object, now_ms: int, tokens: float) -> bool:
-        """Count work another decision-maker sent to `address` at `now_ms` (the site's
-        own C-PS tells the ingress selector in the same box). False: unknown address."""
-        table = self.rib.services.get(cs_id)
-        inst = table.by_address.get(address) if table is not None else None  # type: ignore[arg-type]
-        if inst is None:
-            return False
-        # decide() prunes and replays the log itself: appending in time order is enough
-        self._pending_store(table).log[inst.slot].append((now_ms, tokens))
-        return True
-
-    def queued_ms(self, table: ServiceTable, slot: int, now_ms: float) -> float:
-        """The replayed queue at `slot` at `now_ms`, in ms of its advertised rate."""
-        tps = float(table.prefill_tps[slot])
-        at = float(table.metrics_ms[slot])
-        log = self._pending_store(table).log[slot]
-        return replay(float(table.backlog_tokens[slot]), at, log, tps, now_ms) * 1000 / tps
-
-    def least_queued(
-        self, table: ServiceTable, now_ms: float, before_last_at: int | None = None
-    ) -> tuple[object, float] | None:
-        """The live instance with the least replayed queue at `now_ms`: (address, ms), or
-        None when none is live. With `before_last_at` (a slot), the queues as they were
-        before the last decision logged there."""
-        log = self._pending_store(table).log[before_last_at] if before_last_at is not None else []
-        last = log.pop() if log else None
-        try:
-            best: tuple[object, float] | None = None
-            for address, inst in table.by_address.items():
-                if table.alive[inst.slot]:
-                    q = self.queued_ms(table, inst.slot, now_ms)
-                    if best is None or q < best[1]:
-                        best = (address, q)
-            return best
-        finally:
-            if last is not None:
-                log.append(last)
-
-    def forget_last(self, cs_id: int, address: object) -> None:
-        """Undo the pending work the last decision for `address` recorded."""
-        table = self.rib.services[cs_id]
-        inst = table.by_address[address]  # type: ignore[index]
-        log = self._pending[cs_id].log[inst.slot]
-        if log:
-            log.pop()
-
-    def _pending_for(self, table: ServiceTable) -> _Pending:
-        n = len(table.alive)
-        pend = self._pending_store(table)
-        changed = np.nonzero(table.metrics_version[:n] != pend.seen_version[:n])[0]
-        for slot in changed.tolist():
-            log = pend.log[slot]
-            # an advertisement counts the work sent before it was built (strictly earlier)
-            while log and log[0][0] < table.metrics_ms[slot]:
-                log.popleft()
-            if not table.alive[slot]:
-                log.clear()
-            pend.seen_version[slot] = table.metrics_version[slot]
-        pend.ms[:n] = 0.0  # the replayed queue depends on now: every slot, every time
-        for slot, log in enumerate(pend.log[:n]):
-            if log:
-                self._pending_ms(pend, table, slot)
-        return pend
-
-    def _pending_ms(self, pend: _Pending, table: ServiceTable, slot: int) -> None:
-        """The queue time decide() adds to the drained backlog: the replayed queue less
-        that drained backlog (peer_selectors does not apply: the count is complete)."""
-        log = pend.log[slot]
-        if not log:
-            pend.ms[slot] = 0.0
-            return
-        now = self._now_ms
-        tps = float(table.prefill_tps[slot])
-        backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
-        drained = max(0.0, backlog - max(0.0, now - at) * tps / 1000)
-        pend.ms[slot] = (replay(backlog, at, log, tps, now) - drained) * 1000 / tps
+__all__ = ["HierarchicalControlPlane", "HierarchicalPolicy"]
 
 
 class HierarchicalControlPlane(ControlPlane):
@@ -177,11 +63,14 @@ class HierarchicalControlPlane(ControlPlane):
         if sc.selector_site is not None:
             raise ValueError("site dispatch needs a C-PS at every ingress site")
         super().__init__(sc, cluster, exact=exact)
-        self.selectors = [DeadReckoningSelector(x.rib, x.network, x.config) for x in self.selectors]
+        self.selectors = [
+            PathSelector(x.rib, x.network, dataclasses.replace(x.config, pending="drain"))
+            for x in self.selectors
+        ]
         self.local_ribs = [RIB() for _ in sc.sites]
         network = self.selectors[0].network
         self.local_selectors = [
-            DeadReckoningSelector(
+            PathSelector(
                 self.local_ribs[s],
                 network,
                 SelectorConfig(
@@ -190,6 +79,7 @@ class HierarchicalControlPlane(ControlPlane):
                     allow_remote_kv=sc.remote_kv,  # pulls among the site's own instances
                     default_block_size=sc.block_tokens,
                     spread_ms=0.0,  # the only C-PS sending work here: no herd to break
+                    pending="drain",  # ... and its count of work sent is complete
                     seed=sc.seed * 1000 + 500 + s,
                 ),
             )
@@ -228,7 +118,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
         x = int(self.trace.ingress[r])
         req = self.trace.requests[r]
         ingress = control.selectors[x]
-        assert isinstance(ingress, DeadReckoningSelector)
         try:
             top = ingress.decide(
                 Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[x]), t
@@ -274,7 +163,6 @@ class HierarchicalPolicy(CatsprotoPolicy):
         if s == x:  # the ingress's own site placed it: that C-PS's note replaces the guess
             ingress.forget_last(CS_ID, top.chosen.address)
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
-        assert isinstance(box, DeadReckoningSelector)
         box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
         source = chosen.kv_source
         return Choice(
@@ -301,9 +189,8 @@ class HierarchicalPolicy(CatsprotoPolicy):
         control = self.control
         assert isinstance(control, HierarchicalControlPlane)
         local = control.local_selectors[s]
-        table = control.local_ribs[s].services[CS_ID]
         # the queues as they were before this request: its own decision's work aside
-        least = local.least_queued(table, t, before_last_at=table.by_address[chosen.address].slot)
+        least = local.least_queued(CS_ID, t, before_last=chosen.address)
         if least is None:
             return chosen
         best, best_q = least
@@ -333,21 +220,19 @@ class HierarchicalPolicy(CatsprotoPolicy):
         does not send work back into a site that is itself sending work away."""
         control = self.control
         local = control.local_selectors[x]
-        assert isinstance(local, DeadReckoningSelector)
         home = control.local_ribs[x].services.get(CS_ID)
         box = control.selectors[s]
-        assert isinstance(box, DeadReckoningSelector)
         table = box.rib.services.get(CS_ID)
         if home is None or table is None:
             return
-        floor = min(local.queued_ms(home, i.slot, t) for i in home.by_address.values())
+        floor = min(local.queued_ms(CS_ID, a, t) for a in home.by_address)
         if floor <= 0:
             return
         for address in self._routes_of_site(x, home):
             inst = table.by_address.get(address)
             if inst is None:
                 continue
-            gap = floor - box.queued_ms(table, inst.slot, t)
+            gap = floor - box.queued_ms(CS_ID, address, t)
             if gap > 0:
                 box.note(CS_ID, address, t, gap * float(table.prefill_tps[inst.slot]) / 1000)
 

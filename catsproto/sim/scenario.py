@@ -179,6 +179,11 @@ class Scenario:
             raise ScenarioError("the first tier needs room for at least one block")
         if len(self.secret) < 16 or len(self.secret) > 64:
             raise ScenarioError("secret must be 16..64 bytes")
+        if self.site_dispatch and self.selector_peers and self.selector_site is None:
+            raise ScenarioError(
+                "selector_peers applies to the flat selector only: the two-level decision "
+                "(site_dispatch) counts the work each site's C-PS sent, which is complete"
+            )
 
     # ---- derived -----------------------------------------------------------------------
 
