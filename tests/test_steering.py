@@ -3,6 +3,7 @@ the forwarder would install (dry run). The lab test (test_steering_lab.py) does 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from catsproto.adapters import steering
 from catsproto.adapters.steering import (
     Forwarder,
     RibFeed,
@@ -84,6 +86,21 @@ def service(tmp_path):
 def test_config_round_trips_through_json(tmp_path):
     config = _config(str(tmp_path / "rib.json"))
     assert SteeringConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    drain = dataclasses.replace(config, pending="drain")
+    assert SteeringConfig.from_json(json.loads(json.dumps(drain.to_json()))) == drain
+
+
+def test_pending_mode_reaches_the_selector_and_a_bad_one_is_refused(tmp_path):
+    rib_file = tmp_path / "rib.json"
+    rib_file.write_text(json.dumps(_rib_json(int(time.time() * 1000))))
+    config = dataclasses.replace(_config(str(rib_file)), pending="drain")
+    service = SteeringService(config, Forwarder(NEXT_HOPS, dry_run=True))
+    assert service.selector.config.pending == "drain"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**config.to_json(), "pending": "fifo"}))
+    with pytest.raises(SystemExit) as exc:
+        steering.main(["--config", str(bad)])
+    assert exc.value.code == 2
 
 
 def test_cached_remote_site_wins_and_the_route_goes_via_the_first_hop(service):

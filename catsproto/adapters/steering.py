@@ -107,6 +107,9 @@ class SteeringConfig:
     instance_port: int = 8100
     netns: str | None = None  # install routes in this namespace (None: the current one)
     transfer_port: int = TRANSFER_PORT  # where instances serve KV pulls (their address)
+    # work sent since an instance's advertisement: "count" in full until an advertisement
+    # counts it, or "drain" at the advertised rate (when this C-PS alone steers there)
+    pending: str = "count"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +125,7 @@ class SteeringConfig:
             "instance_port": self.instance_port,
             "netns": self.netns,
             "transfer_port": self.transfer_port,
+            "pending": self.pending,
         }
 
     @classmethod
@@ -139,6 +143,7 @@ class SteeringConfig:
             instance_port=int(obj.get("instance_port", 8100)),
             netns=obj.get("netns"),
             transfer_port=int(obj.get("transfer_port", TRANSFER_PORT)),
+            pending=str(obj.get("pending", "count")),
         )
 
 
@@ -325,7 +330,9 @@ class SteeringService:
     def __post_init__(self) -> None:
         self.feed = RibFeed(self.config.rib_file)
         cfg = self.selector_config or SelectorConfig(
-            site_nodes=self.config.sites, default_block_size=self.config.block_size
+            site_nodes=self.config.sites,
+            default_block_size=self.config.block_size,
+            pending=self.config.pending,
         )
         self.selector = PathSelector(self.feed.rib, Network(self.config.links), cfg)
         self.keyer = BlockKeyer(self.config.secret, self.config.model_id, self.config.block_size)
@@ -580,10 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", action="append", default=[], help="ADDRESS:PORT (repeatable)")
     p.add_argument("--ready", help="file written with the API URLs once listening")
     args = p.parse_args(argv)
-    config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
-    forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
-    collector = DecisionCollector()
-    service = SteeringService(config, forwarder, collector=collector)
+    try:
+        config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
+        forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
+        collector = DecisionCollector()
+        service = SteeringService(config, forwarder, collector=collector)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        p.error(f"--config {args.config}: {type(exc).__name__}: {exc}")
     forwarder.kernel_routes()  # open netlink once now, not on the first decision
     service.feed.refresh(int(service.clock() * 1000))  # the RIB as it stands, then frozen
     collector.start()
