@@ -523,3 +523,20 @@ def test_pending_mode_is_checked():
         SelectorConfig(pending="fifo")
     with pytest.raises(ValueError, match="peer_selectors"):
         SelectorConfig(pending="drain", peer_selectors=4)
+
+
+@pytest.mark.parametrize("pending", ["count", "drain"])
+def test_pending_work_counts_the_fetch_as_well_as_the_prefill(pending):
+    """A holder of the prompt's first 8 blocks in DRAM (at 8 Gbit/s): the decision's
+    estimate fetches them, then prefills the other 8; the instance is busy for both, so
+    the next decision sees both in its queue."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS[:8], tier=wire.Tier.DRAM, mbps=8_000)]), 1000)
+    net = Network([Link("ingress", "site1", delay_ms=5, bandwidth_mbps=10_000)])
+    sel = PathSelector(rib, net, SelectorConfig(pending=pending))
+    first = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen
+    assert first.cached_blocks == 8 and first.prefill_ms == pytest.approx(409.6)
+    assert first.fetch_ms == pytest.approx(0.005 + 8 * BYTES_PER_BLOCK * 8 / (8_000 * 1000))
+    busy = first.fetch_ms + first.prefill_ms
+    second = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen
+    assert second.queue_ms == pytest.approx(busy)

@@ -544,7 +544,8 @@ class PathSelector:
                 return self._estimate(table, slots, second, request, priced, held_then)
 
         chosen_slot = int(slots[order[0]])
-        work = best.prefill_ms / 1000 * table.prefill_tps[chosen_slot]
+        # the instance is busy for the fetch or pull as well as the prefill
+        work = (best.prefill_ms + best.fetch_ms) / 1000 * table.prefill_tps[chosen_slot]
         pend.add(table, chosen_slot, now_ms, work)
         if pend.drain:
             pend.drain_ms(table, chosen_slot, now_ms)
