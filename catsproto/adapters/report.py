@@ -315,42 +315,38 @@ def _seed_plot(
     title: str,
 ) -> None:
     """Per-seed mean TTFT of each policy that moves with the seed as points (its mean
-    dashed), a policy that does not as a horizontal line; below, when a paired
-    comparison exists, the per-seed difference to the reference as bars."""
+    dashed) and the reference (the oracle) as a horizontal line; below, the per-seed
+    difference to the reference as bars, with its mean and standard error. Other
+    policies that are the same on every seed are only named in a note (they would
+    squash the scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     group = [a for a in aggregate if a["speedup"] == speedup]
-    paired = [a for a in group if a["diff_mean_ms"] is not None and a["seeds"] > 1]
-    ref_name = paired[0]["reference"] if paired else None
+    moving = [a for a in group if a["ttft_min_ms"] != a["ttft_max_ms"]]
+    refs = {a["reference"] for a in moving if a["reference"]}
+    drawn = [a for a in group if a in moving or a["policy"] in refs] or group
+    left_out = [a for a in group if a not in drawn]
+    paired = [a for a in moving if a["diff_mean_ms"] is not None and a["paired_seeds"] > 1]
     by_policy: dict[str, dict[int, float]] = {}
     for r in runs:
         if float(r["speedup"]) == speedup:
             by_policy.setdefault(str(r["policy"]), {})[int(r["seed"])] = float(r["ttft_mean_ms"])
+    ax2 = None
     if paired:
         fig, (ax, ax2) = plt.subplots(
-            2, 1, figsize=(7.0, 5.6), dpi=90, sharex=True, height_ratios=[3, 2]
+            2, 1, figsize=(7.0, 5.8), dpi=90, sharex=True, height_ratios=[3, 2]
         )
     else:
         fig, ax = plt.subplots(figsize=(7.0, 4.0), dpi=90)
-        ax2 = None
     all_seeds = sorted({s for v in by_policy.values() for s in v})
     lo, hi = (min(all_seeds), max(all_seeds)) if all_seeds else (0, 1)
-    for i, a in enumerate(group):
-        pts = by_policy[a["policy"]]
-        color = f"C{i}"
-        if a["ttft_min_ms"] == a["ttft_max_ms"]:
-            ax.hlines(
-                a["ttft_mean_ms"],
-                lo - 0.5,
-                hi + 0.5,
-                colors=color,
-                lw=1.6,
-                label=f"{a['policy']} {a['ttft_mean_ms']:.2f} ms (every seed)",
-            )
-        else:
+    colors = {a["policy"]: f"C{i}" for i, a in enumerate(drawn)}
+    for a in drawn:
+        pts, color = by_policy[a["policy"]], colors[a["policy"]]
+        if a in moving:
             xs = sorted(pts)
             ax.plot(
                 xs,
@@ -358,42 +354,57 @@ def _seed_plot(
                 "o",
                 color=color,
                 ms=5,
-                label=f"{a['policy']} per seed (mean {a['ttft_mean_ms']:.2f} ms)",
+                label=f"{a['policy']}, each seed (mean {a['ttft_mean_ms']:.2f} ms)",
             )
             ax.hlines(a["ttft_mean_ms"], lo - 0.5, hi + 0.5, colors=color, lw=1, ls="--")
+        else:
+            ax.hlines(
+                a["ttft_mean_ms"],
+                lo - 0.5,
+                hi + 0.5,
+                colors=color,
+                lw=1.6,
+                label=f"{a['policy']} {a['ttft_mean_ms']:.2f} ms (the same on every seed)",
+            )
     ax.set_ylabel("mean TTFT (ms)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    if ax2 is not None and ref_name is not None:
-        ref = by_policy[ref_name]
+    if left_out:
+        note = ", ".join(f"{a['policy']} {a['ttft_mean_ms']:.1f} ms" for a in left_out)
+        ax.text(
+            0.01,
+            0.02,
+            f"not drawn (the same on every seed): {note}",
+            transform=ax.transAxes,
+            fontsize=7,
+            color="0.35",
+        )
+    if ax2 is not None:
         width = 0.8 / len(paired)
         for j, a in enumerate(paired):
-            pts = by_policy[a["policy"]]
+            pts, ref = by_policy[a["policy"]], by_policy[a["reference"]]
             xs = [s for s in sorted(pts) if s in ref]
             ds = [pts[s] - ref[s] for s in xs]
-            color = f"C{group.index(a)}"
+            color = colors[a["policy"]]
             offset = (j - (len(paired) - 1) / 2) * width
+            m, se = a["diff_mean_ms"], a["diff_se_ms"]
             ax2.bar(
                 [x + offset for x in xs],
                 ds,
                 width=width,
                 color=color,
                 alpha=0.75,
-                label=f"{a['policy']} − {ref_name}: {a['diff_mean_ms']:+.2f} ± "
-                f"{a['diff_se_ms']:.2f} ms, at or below on {a['at_or_below']} of "
-                f"{a['paired_seeds']}",
+                label=f"{a['policy']} − {a['reference']}: mean {m:+.2f} ± {se:.2f} ms (se); "
+                f"at or below on {a['at_or_below']} of {a['paired_seeds']} seeds",
             )
-            m, se = a["diff_mean_ms"], a["diff_se_ms"]
             ax2.axhspan(m - se, m + se, color=color, alpha=0.15)
             ax2.axhline(m, color=color, lw=1, ls="--")
         ax2.axhline(0, color="black", lw=0.8)
-        ax2.set_ylabel(f"minus {ref_name} (ms)")
+        ax2.set_ylabel("difference, same seed (ms)")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=8)
-        ax2.set_xlabel("scenario seed")
-    else:
-        ax.set_xlabel("scenario seed")
+    (ax2 or ax).set_xlabel("scenario seed")
     if all_seeds and len(all_seeds) <= 30:
         (ax2 or ax).set_xticks(all_seeds)
     fig.tight_layout()
