@@ -18,8 +18,9 @@ takes `1-20`, `1,3,5` or `1-5,9`; each seed replaces the scenario's `seed`, so
 `--set seed=N` may not come with it; no sweeps). `--jobs N` runs those in N worker
 processes; the rows are the same, in the same order, as with one. It prints one row
 per (policy, speedup): seeds, the mean of the per-seed mean TTFT with its standard
-deviation, min and max, the mean hit rate, and against the oracle (when it ran) the
-mean per-seed paired difference, its standard error and the seeds at or below it.
+deviation, min and max, the mean hit rate, and (for each other policy, when the oracle
+ran) the mean per-seed paired difference to the oracle, its standard error and the
+seeds at or below it.
 With `--report DIR`: seeds.json (every per-seed row and the aggregate), seeds.md and
 a plot per speedup, seeds_x{speedup}.png. Progress (runs done of all, the current
 ones) goes to stderr.
@@ -88,7 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", default="s1", help="scenario file, or s1 / llama70b")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY")
     p.add_argument("--speedup", nargs="+", type=float, default=[1.0, 4.0])
-    p.add_argument("--report", help="folder for results.json, summary.md and plots")
+    p.add_argument(
+        "--report",
+        help="folder for results.json, summary.md and plots "
+        "(with --seeds: seeds.json, seeds.md, seeds_x{speedup}.png)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     p.add_argument("--limit", type=int, help="use only the first N requests")
     p.add_argument("--seed", type=int, default=1, help="seed of the random policy")
