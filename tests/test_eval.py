@@ -209,6 +209,8 @@ def test_seed_study_table_and_report(tmp_path, capsys):
         (["--seeds", "1-2", "--set", "seed=3"], "leave out --set seed"),
         (["--seeds", "1-2", "--jobs", "0"], "--jobs must be at least 1"),
         (["--jobs", "2"], "--jobs needs --seeds"),
+        (["--seeds", "1", "--policies", "oracle", "oracle"], "--policies: oracle is given twice"),
+        (["--seeds", "1", "--speedup", "4", "4.0"], "--speedup: 4 is given twice"),
     ],
 )
 def test_seed_study_usage_errors(argv, message, capsys):

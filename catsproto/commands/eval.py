@@ -419,6 +419,11 @@ def _run_seeds(
     started: float,
 ) -> int:
     """The seed study: every (speedup, policy, seed), aggregated over seeds."""
+    for option, values in (("--policies", args.policies), ("--speedup", args.speedup)):
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                shown = f"{value:g}" if isinstance(value, float) else value
+                raise UsageError(f"{option}: {shown} is given twice")
     try:
         for seed in seeds:
             _scenario(args.scenario, [*args.overrides, f"seed={seed}"])
