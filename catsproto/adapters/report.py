@@ -9,6 +9,8 @@ replaces. Token ids are taken as 3-byte msgpack integers (ids 256..65535).
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,13 @@ import numpy as np
 from catsproto.sim import RunResult
 
 __all__ = [
+    "format_seed_table",
     "format_table",
     "raw_event_bytes",
+    "seed_aggregate",
+    "summary_rows",
     "write_report",
+    "write_seed_report",
 ]
 
 _TOKEN = 20_000  # a typical token id: msgpack uint16 (3 bytes)
@@ -80,22 +86,7 @@ COLUMNS = [
 
 def format_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
     header = [c[1] for c in COLUMNS]
-    body = []
-    for row in rows:
-        cells = []
-        for key, _, fmt in COLUMNS:
-            v = row.get(key)
-            cells.append("–" if v is None else fmt.format(v))
-        body.append(cells)
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(c) + " |" for c in body]
-        return "\n".join(lines)
-    widths = [
-        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
-    ]
-    fmt_line = "  ".join("{:>" + str(w) + "}" for w in widths)
-    return "\n".join([fmt_line.format(*header)] + [fmt_line.format(*r) for r in body])
+    return _grid(header, [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows], markdown)
 
 
 def summary_rows(results: Sequence[RunResult], block_tokens: int) -> list[dict[str, Any]]:
@@ -203,6 +194,269 @@ def write_report(
             )
     md += ["", *[f"![{p.stem}]({p.name})" for p in written if p.suffix == ".png"], ""]
     p = out / "summary.md"
+    p.write_text("\n".join(md))
+    written.append(p)
+    return written
+
+
+def seed_aggregate(
+    runs: Sequence[Mapping[str, Any]], reference: str = "oracle"
+) -> list[dict[str, Any]]:
+    """One row per (policy, speedup) over the per-seed rows in `runs` (each a
+    `summary_rows` row with a `seed` field): how many seeds, the mean, sample standard
+    deviation, min and max of the per-seed mean TTFT, the mean hit rate; and for every
+    policy other than `reference`, when `reference` ran at the same speedup, the paired
+    per-seed difference (policy minus reference, same seed): its mean, the standard error
+    of that mean, and on how many seeds the policy was at or below the reference.
+
+    Pure: rows in, rows out, in the order the (policy, speedup) pairs first appear.
+    Means are correctly rounded sums (`statistics.fmean`); with one seed the standard
+    deviation and the standard error are None."""
+    groups: dict[tuple[str, float], dict[int, Mapping[str, Any]]] = {}
+    for row in runs:
+        key = (str(row["policy"]), float(row["speedup"]))
+        seed = int(row["seed"])
+        per_seed = groups.setdefault(key, {})
+        if seed in per_seed:
+            raise ValueError(f"two rows for {key[0]} x{key[1]:g} seed {seed}")
+        per_seed[seed] = row
+    out = []
+    for (policy, speedup), per_seed in groups.items():
+        seeds = sorted(per_seed)
+        ttft = [float(per_seed[s]["ttft_mean_ms"]) for s in seeds]
+        hits = [float(per_seed[s]["hit_rate"]) for s in seeds]
+        agg: dict[str, Any] = {
+            "policy": policy,
+            "speedup": speedup,
+            "seeds": len(seeds),
+            "seed_list": seeds,
+            "ttft_mean_ms": statistics.fmean(ttft),
+            "ttft_std_ms": statistics.stdev(ttft) if len(ttft) > 1 else None,
+            "ttft_min_ms": min(ttft),
+            "ttft_max_ms": max(ttft),
+            "hit_rate": statistics.fmean(hits),
+            "reference": None,
+            "paired_seeds": 0,
+            "diff_mean_ms": None,
+            "diff_se_ms": None,
+            "at_or_below": None,
+        }
+        ref = groups.get((reference, speedup))
+        if policy != reference and ref is not None:
+            common = [s for s in seeds if s in ref]
+            diffs = [
+                float(per_seed[s]["ttft_mean_ms"]) - float(ref[s]["ttft_mean_ms"]) for s in common
+            ]
+            if diffs:
+                agg.update(
+                    reference=reference,
+                    paired_seeds=len(diffs),
+                    diff_mean_ms=statistics.fmean(diffs),
+                    diff_se_ms=(
+                        statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+                    ),
+                    at_or_below=sum(1 for d in diffs if d <= 0),
+                )
+        out.append(agg)
+    return out
+
+
+SEED_COLUMNS = [
+    ("policy", "policy", "{}"),
+    ("speedup", "x", "{:g}"),
+    ("seeds", "seeds", "{}"),
+    ("ttft_mean_ms", "mean ms", "{:.2f}"),
+    ("ttft_std_ms", "std", "{:.2f}"),
+    ("ttft_min_ms", "min", "{:.2f}"),
+    ("ttft_max_ms", "max", "{:.2f}"),
+    ("hit_rate", "hit %", "{:.2%}"),
+    ("diff_mean_ms", "− ref ms", "{:+.2f}"),
+    ("diff_se_ms", "± se", "{:.2f}"),
+]
+
+
+def format_seed_table(aggregate: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
+    """The seed study's table; the paired columns compare with the reference policy
+    (`ref`, the oracle), and `≤ ref` counts the seeds at or below it."""
+    rows = []
+    for a in aggregate:
+        row = dict(a)
+        if a.get("at_or_below") is not None:
+            row["le_ref"] = f"{a['at_or_below']} of {a['paired_seeds']}"
+        rows.append(row)
+    columns = [*SEED_COLUMNS, ("le_ref", "≤ ref", "{}")]
+    ref = next((a["reference"] for a in aggregate if a.get("reference")), None)
+    header = [c[1].replace("ref", ref) if ref else c[1] for c in columns]
+    return _grid(header, [[_cell(r, k, f) for k, _, f in columns] for r in rows], markdown)
+
+
+def _cell(row: Mapping[str, Any], key: str, fmt: str) -> str:
+    v = row.get(key)
+    return "–" if v is None else fmt.format(v)
+
+
+def _grid(header: list[str], body: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c) + " |" for c in body]
+        return "\n".join(lines)
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)
+    ]
+    fmt_line = "  ".join("{:>" + str(w) + "}" for w in widths)
+    return "\n".join([fmt_line.format(*header)] + [fmt_line.format(*r) for r in body])
+
+
+def _seed_plot(
+    runs: Sequence[Mapping[str, Any]],
+    aggregate: Sequence[Mapping[str, Any]],
+    speedup: float,
+    path: Path,
+    title: str,
+) -> None:
+    """Per-seed mean TTFT of each policy that moves with the seed as points (its mean
+    dashed) and the reference (the oracle) as a horizontal line; below, the per-seed
+    difference to the reference as bars, with its mean and standard error. Other
+    policies that are the same on every seed are only named in a note (they would
+    squash the scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = [a for a in aggregate if a["speedup"] == speedup]
+    moving = [a for a in group if a["ttft_min_ms"] != a["ttft_max_ms"]]
+    refs = {a["reference"] for a in moving if a["reference"]}
+    drawn = [a for a in group if a in moving or a["policy"] in refs] or group
+    left_out = [a for a in group if a not in drawn]
+    paired = [a for a in moving if a["diff_mean_ms"] is not None and a["paired_seeds"] > 1]
+    by_policy: dict[str, dict[int, float]] = {}
+    for r in runs:
+        if float(r["speedup"]) == speedup:
+            by_policy.setdefault(str(r["policy"]), {})[int(r["seed"])] = float(r["ttft_mean_ms"])
+    ax2 = None
+    if paired:
+        fig, (ax, ax2) = plt.subplots(
+            2, 1, figsize=(7.0, 5.8), dpi=90, sharex=True, height_ratios=[3, 2]
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(7.0, 4.0), dpi=90)
+    all_seeds = sorted({s for v in by_policy.values() for s in v})
+    lo, hi = (min(all_seeds), max(all_seeds)) if all_seeds else (0, 1)
+    colors = {a["policy"]: f"C{i}" for i, a in enumerate(drawn)}
+    for a in drawn:
+        pts, color = by_policy[a["policy"]], colors[a["policy"]]
+        if a in moving:
+            xs = sorted(pts)
+            ax.plot(
+                xs,
+                [pts[s] for s in xs],
+                "o",
+                color=color,
+                ms=5,
+                label=f"{a['policy']}, each seed (mean {a['ttft_mean_ms']:.2f} ms)",
+            )
+            ax.hlines(a["ttft_mean_ms"], lo - 0.5, hi + 0.5, colors=color, lw=1, ls="--")
+        else:
+            ax.hlines(
+                a["ttft_mean_ms"],
+                lo - 0.5,
+                hi + 0.5,
+                colors=color,
+                lw=1.6,
+                label=f"{a['policy']} {a['ttft_mean_ms']:.2f} ms (the same on every seed)",
+            )
+    ax.set_ylabel("mean TTFT (ms)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if left_out:
+        note = ", ".join(f"{a['policy']} {a['ttft_mean_ms']:.1f} ms" for a in left_out)
+        ax.text(
+            0.01,
+            0.02,
+            f"not drawn (the same on every seed): {note}",
+            transform=ax.transAxes,
+            fontsize=7,
+            color="0.35",
+        )
+    if ax2 is not None:
+        width = 0.8 / len(paired)
+        for j, a in enumerate(paired):
+            pts, ref = by_policy[a["policy"]], by_policy[a["reference"]]
+            xs = [s for s in sorted(pts) if s in ref]
+            ds = [pts[s] - ref[s] for s in xs]
+            color = colors[a["policy"]]
+            offset = (j - (len(paired) - 1) / 2) * width
+            m, se = a["diff_mean_ms"], a["diff_se_ms"]
+            ax2.bar(
+                [x + offset for x in xs],
+                ds,
+                width=width,
+                color=color,
+                alpha=0.75,
+                label=f"{a['policy']} − {a['reference']}: mean {m:+.2f} ± {se:.2f} ms (se); "
+                f"at or below on {a['at_or_below']} of {a['paired_seeds']} seeds",
+            )
+            ax2.axhspan(m - se, m + se, color=color, alpha=0.15)
+            ax2.axhline(m, color=color, lw=1, ls="--")
+        ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_ylabel("difference, same seed (ms)")
+        ax2.grid(alpha=0.3)
+        ax2.legend(fontsize=8)
+    (ax2 or ax).set_xlabel("scenario seed")
+    if all_seeds and len(all_seeds) <= 30:
+        (ax2 or ax).set_xticks(all_seeds)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_seed_report(
+    out: Path,
+    runs: Sequence[Mapping[str, Any]],
+    aggregate: Sequence[Mapping[str, Any]],
+    scenario: Mapping[str, Any],
+    meta: Mapping[str, Any],
+) -> list[Path]:
+    """seeds.json (every per-seed row and the aggregate), seeds.md and one
+    seeds_x{speedup}.png per speedup in `out`; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    doc = {
+        "meta": dict(meta),
+        "scenario": dict(scenario),
+        "runs": list(runs),
+        "aggregate": list(aggregate),
+    }
+    p = out / "seeds.json"
+    p.write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    written.append(p)
+    name = scenario.get("name")
+    for speedup in sorted({float(a["speedup"]) for a in aggregate}):
+        p = out / f"seeds_x{speedup:g}.png"
+        _seed_plot(runs, aggregate, speedup, p, f"{name}, speedup {speedup:g}: mean TTFT by seed")
+        written.append(p)
+    seeds = sorted({int(r["seed"]) for r in runs})
+    md = [
+        f"# catsproto evaluation over scenario seeds: {name}",
+        "",
+        f"Trace: `{meta.get('trace')}` ({meta.get('requests')} requests), "
+        f"{len(seeds)} scenario seeds ({meta.get('seeds_spec')}). "
+        f"Command: `{meta.get('command')}`. Wall time {meta.get('wall_s', 0):.1f} s "
+        f"with {meta.get('jobs')} job(s).",
+        "",
+        "Per (policy, speedup): the mean over seeds of each seed's mean TTFT, the sample",
+        "standard deviation, min and max across seeds, the mean hit rate; then the mean of",
+        "the per-seed difference to the reference (same seed), the standard error of that",
+        "mean, and on how many seeds the policy was at or below the reference.",
+        "",
+        format_seed_table(aggregate, markdown=True),
+        "",
+        *[f"![{p.stem}]({p.name})" for p in written if p.suffix == ".png"],
+        "",
+    ]
+    p = out / "seeds.md"
     p.write_text("\n".join(md))
     written.append(p)
     return written

@@ -9,17 +9,45 @@ their share of the raw vLLM event stream, stale and false-positive hits. With
 `--report DIR` it also writes results.json, summary.md, a TTFT CDF per speedup and the
 catsproto sweeps (hit rate and advertisement bytes against update interval and target
 FPR, on the first `--sweep-limit` requests). A progress bar goes to stderr.
+
+    catsproto eval --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 \\
+        --report docs/eval/seeds
+
+is the seed study: every policy at every speedup once per scenario seed (`--seeds`
+takes `1-20`, `1,3,5` or `1-5,9`; each seed replaces the scenario's `seed`, so
+`--set seed=N` may not come with it; no sweeps). `--jobs N` runs those in N worker
+processes; the rows are the same, in the same order, as with one. It prints one row
+per (policy, speedup): seeds, the mean of the per-seed mean TTFT with its standard
+deviation, min and max, the mean hit rate, and (for each other policy, when the oracle
+ran) the mean per-seed paired difference to the oracle, its standard error and the
+seeds at or below it.
+With `--report DIR`: seeds.json (every per-seed row and the aggregate), seeds.md and
+a plot per speedup, seeds_x{speedup}.png. Progress (runs done of all, the current
+ones) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import queue
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from catsproto.adapters.report import format_table, summary_rows, write_report
+from catsproto.adapters.report import (
+    format_seed_table,
+    format_table,
+    seed_aggregate,
+    summary_rows,
+    write_report,
+    write_seed_report,
+)
 from catsproto.adapters.trace import TraceFormatError, find_trace, load_scenario, read_trace
 from catsproto.commands import UsageError
 from catsproto.keys import BlockKeyer
@@ -28,6 +56,7 @@ from catsproto.sim import (
     PreparedTrace,
     Scenario,
     ScenarioError,
+    TraceRequest,
     apply_overrides,
     run_policy,
 )
@@ -60,16 +89,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", default="s1", help="scenario file, or s1 / llama70b")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY")
     p.add_argument("--speedup", nargs="+", type=float, default=[1.0, 4.0])
-    p.add_argument("--report", help="folder for results.json, summary.md and plots")
+    p.add_argument(
+        "--report",
+        help="folder for results.json, summary.md and plots "
+        "(with --seeds: seeds.json, seeds.md, seeds_x{speedup}.png)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     p.add_argument("--limit", type=int, help="use only the first N requests")
     p.add_argument("--seed", type=int, default=1, help="seed of the random policy")
     p.add_argument(
         "--sweep-limit", type=int, default=3000, help="requests per sweep run (0: no sweeps)"
     )
+    p.add_argument(
+        "--seeds",
+        metavar="SPEC",
+        help="run every policy and speedup once per scenario seed, e.g. 1-20, 1,3,5 or 1-5,9, "
+        "and print mean, std, min, max over seeds and the paired difference to the oracle "
+        "(no sweeps; not with --set seed=...)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --seeds: worker processes (default 1; the results do not depend on it)",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """`1-20`, `1,3,5`, `1-5,9` -> the seeds in the order given; a usage error for
+    anything else, and for an empty, reversed or negative range or a repeated seed."""
+    seeds: list[int] = []
+    for part in spec.split(","):
+        item = part.strip()
+        lo_text, dash, hi_text = item.partition("-")
+        texts = [lo_text.strip(), hi_text.strip()] if dash else [item]
+        if not all(t.isascii() and t.isdigit() for t in texts):
+            raise UsageError(
+                f"--seeds {spec!r}: {item!r} is not a seed or a range of seeds "
+                "(non-negative integers, like 1-20, 1,3,5 or 1-5,9)"
+            )
+        lo, hi = int(texts[0]), int(texts[-1])
+        if hi < lo:
+            raise UsageError(f"--seeds {spec!r}: the range {item!r} is empty")
+        for seed in range(lo, hi + 1):
+            if seed in seeds:
+                raise UsageError(f"--seeds {spec!r}: seed {seed} is given twice")
+            seeds.append(seed)
+    return seeds
 
 
 def _scenario(path: str, overrides: list[str], speedup: float | None = None) -> Scenario:
@@ -85,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}")
     if any(s <= 0 for s in args.speedup):
         raise UsageError("--speedup values must be > 0")
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    if seeds is not None and any(o.partition("=")[0].strip() == "seed" for o in args.overrides):
+        raise UsageError("--seeds sets the scenario seed of every run: leave out --set seed=...")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if args.jobs > 1 and seeds is None:
+        raise UsageError("--jobs needs --seeds (it runs the seed study in parallel)")
     try:
         base = _scenario(args.scenario, args.overrides)
         if args.trace is None:
@@ -94,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not requests:
         raise UsageError(f"trace {args.trace} has no requests")
+    if seeds is not None:
+        return _run_seeds(args, seeds, requests, base, started)
     keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
     memo: dict[int, int] = {}
     results = []
@@ -151,6 +230,248 @@ def run(args: argparse.Namespace) -> int:
             "sweep_requests": min(args.sweep_limit, len(requests)),
         }
         files = write_report(Path(args.report), rows, results, base.to_json(), sweeps, meta)
+        print(f"report: {', '.join(str(f) for f in files)}", file=sys.stderr)
+    print(f"wall time {wall:.1f} s", file=sys.stderr)
+    return 0
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One run of the seed study: its place in the output, policy, speedup, seed."""
+
+    index: int
+    policy: str
+    speedup: float
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} x{self.speedup:g} seed {self.seed}"
+
+
+class SeedRunner:
+    """Runs `SeedRun`s exactly as `catsproto eval --set seed=N` would (same scenario,
+    keys and prepared trace), in this process or in a worker; keeps the prepared traces
+    and block keys it has built for the runs that follow."""
+
+    def __init__(
+        self,
+        scenario: str,
+        overrides: Sequence[str],
+        requests: Sequence[TraceRequest],
+        random_seed: int,
+    ) -> None:
+        self.scenario, self.overrides = scenario, list(overrides)
+        self.requests, self.random_seed = requests, random_seed
+        self._memos: dict[tuple[bytes, str, int], dict[int, int]] = {}
+        self._traces: dict[tuple[object, ...], PreparedTrace] = {}
+
+    def run(self, job: SeedRun, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """The `summary_rows` row of one run, with its `seed` in front."""
+        overrides = [*self.overrides, f"seed={job.seed}"]
+        base = _scenario(self.scenario, overrides)
+        sc = _scenario(self.scenario, overrides, job.speedup)
+        keyed = (base.secret, base.model_id, base.block_tokens)
+        memo = self._memos.setdefault(keyed, {})
+        where = (keyed, len(sc.sites), sc.speedup, sc.ingress_index)
+        trace = self._traces.get(where)
+        if trace is None:
+            keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
+            trace = self._traces[where] = PreparedTrace.build(
+                self.requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, memo
+            )
+        result = run_policy(job.policy, trace, sc, seed=self.random_seed, progress=progress)
+        (row,) = summary_rows([result], base.block_tokens)
+        return {"seed": job.seed, **row}
+
+
+class _SeedProgress:
+    """One line on stderr: runs done of all, and each current run with its percentage."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done = total, enabled, 0
+        self.current: dict[int, tuple[str, int]] = {}
+        self.width = 0
+
+    def start(self, index: int, label: str) -> None:
+        self.current[index] = (label, 0)
+        self._show()
+
+    def percent(self, index: int, pct: int) -> None:
+        if index in self.current and self.current[index][1] != pct:
+            self.current[index] = (self.current[index][0], pct)
+            self._show()
+
+    def finish(self, index: int) -> None:
+        self.current.pop(index, None)
+        self.done += 1
+        self._show()
+        if self.enabled and self.done == self.total:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def _show(self) -> None:
+        if not self.enabled:
+            return
+        running = " | ".join(f"{lab} {pct:3d}%" for _, (lab, pct) in sorted(self.current.items()))
+        line = f"runs done {self.done}/{self.total}" + (f" | {running}" if running else "")
+        sys.stderr.write("\r" + line.ljust(self.width))
+        self.width = len(line)
+        sys.stderr.flush()
+
+
+def _percent_reporter(total: int, report: Callable[[int], None]) -> Callable[[int], None]:
+    """A `run_policy` progress callback that passes on whole percentages, each once."""
+    shown = [-1]
+    total = max(1, total)
+
+    def progress(done: int) -> None:
+        pct = 100 * done // total
+        if pct != shown[0]:
+            shown[0] = pct
+            report(pct)
+
+    return progress
+
+
+_WORKER: SeedRunner | None = None  # a worker process's runner, set by _worker_init
+_EVENTS: Any = None  # the queue a worker reports progress on
+
+
+def _worker_init(
+    scenario: str,
+    overrides: list[str],
+    requests: Sequence[TraceRequest],
+    random_seed: int,
+    events: Any,
+) -> None:
+    global _WORKER, _EVENTS
+    _WORKER = SeedRunner(scenario, overrides, requests, random_seed)
+    _EVENTS = events
+
+
+def _worker_run(job: SeedRun) -> dict[str, Any]:
+    assert _WORKER is not None, "worker not initialised"
+    _EVENTS.put(("start", job.index))
+    return _WORKER.run(
+        job,
+        _percent_reporter(
+            len(_WORKER.requests), lambda pct: _EVENTS.put(("percent", job.index, pct))
+        ),
+    )
+
+
+def _run_parallel(
+    jobs: Sequence[SeedRun],
+    n_workers: int,
+    args: argparse.Namespace,
+    requests: Sequence[TraceRequest],
+) -> list[dict[str, Any]]:
+    """Every job in `n_workers` processes; rows in job order whatever the finishing order."""
+    ctx = multiprocessing.get_context()
+    events = ctx.Queue()
+    display = _SeedProgress(len(jobs), not args.quiet)
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    pool = ProcessPoolExecutor(
+        n_workers,
+        mp_context=ctx,
+        initializer=_worker_init,
+        initargs=(args.scenario, list(args.overrides), requests, args.seed, events),
+    )
+
+    def drain() -> None:
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return
+            if rows[event[1]] is not None:
+                continue  # its result came in first
+            if event[0] == "start":
+                display.start(event[1], jobs[event[1]].label)
+            else:
+                display.percent(event[1], event[2])
+
+    try:
+        futures: dict[Future[dict[str, Any]], SeedRun] = {
+            pool.submit(_worker_run, job): job for job in jobs
+        }
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            drain()
+            for fut in sorted(done, key=lambda f: futures[f].index):
+                job = futures[fut]
+                rows[job.index] = fut.result()
+                display.finish(job.index)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        events.close()
+        events.join_thread()
+    return [r for r in rows if r is not None]
+
+
+def _run_seeds(
+    args: argparse.Namespace,
+    seeds: list[int],
+    requests: Sequence[TraceRequest],
+    base: Scenario,
+    started: float,
+) -> int:
+    """The seed study: every (speedup, policy, seed), aggregated over seeds."""
+    for option, values in (("--policies", args.policies), ("--speedup", args.speedup)):
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                shown = f"{value:g}" if isinstance(value, float) else value
+                raise UsageError(f"{option}: {shown} is given twice")
+    try:
+        for seed in seeds:
+            _scenario(args.scenario, [*args.overrides, f"seed={seed}"])
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    jobs = [
+        SeedRun(0, name, speedup, seed)
+        for speedup in args.speedup
+        for name in args.policies
+        for seed in seeds
+    ]
+    jobs = [SeedRun(i, j.policy, j.speedup, j.seed) for i, j in enumerate(jobs)]
+    n_workers = min(args.jobs, len(jobs))
+    if n_workers > 1:
+        rows = _run_parallel(jobs, n_workers, args, requests)
+    else:
+        runner = SeedRunner(args.scenario, args.overrides, requests, args.seed)
+        display = _SeedProgress(len(jobs), not args.quiet)
+        rows = []
+        for job in jobs:
+            display.start(job.index, job.label)
+            progress = _percent_reporter(
+                len(requests), lambda pct, i=job.index: display.percent(i, pct)
+            )
+            rows.append(runner.run(job, progress))
+            display.finish(job.index)
+    aggregate = seed_aggregate(rows)
+    if args.json:
+        import json
+
+        doc = {"seeds": seeds, "aggregate": aggregate, "runs": rows}
+        print(json.dumps(doc, indent=2, default=float))
+    else:
+        print(format_seed_table(aggregate))
+    wall = time.perf_counter() - started
+    if args.report:
+        scenario = base.to_json()
+        scenario.pop("seed", None)  # each run has its own: meta.seeds
+        meta = {
+            "trace": args.trace,
+            "requests": len(requests),
+            "command": "catsproto eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+            "wall_s": wall,
+            "jobs": n_workers,
+            "seeds_spec": args.seeds,
+            "seeds": seeds,
+        }
+        files = write_seed_report(Path(args.report), rows, aggregate, scenario, meta)
         print(f"report: {', '.join(str(f) for f in files)}", file=sys.stderr)
     print(f"wall time {wall:.1f} s", file=sys.stderr)
     return 0
