@@ -49,6 +49,16 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join("-" * w for w in widths)
@@ -58,7 +68,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Part 1: the codec on the example advertisements. Part 2: the 4-site lab, with
-    signed advertisements crossing FRR and BIRD into the path selector's RIB."""
+    signed advertisements crossing FRR and BIRD into the path selector's RIB. Part 3:
+    the trace-driven evaluation on a slice of the Mooncake conversation trace."""
     status = codec_demo()
     if args.codec_only or status:
         return status
@@ -68,7 +79,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lab_args = build_parser().parse_args(
         ["lab", "demo", *(["--embedded"] if args.embedded else [])]
     )
-    return lab.cmd_demo(lab_args)
+    status = lab.cmd_demo(lab_args)
+    if args.no_eval:
+        return status
+    print("\n" + "=" * 78 + "\n")
+    return eval_demo(args.eval_requests) or status
+
+
+def eval_demo(requests: int) -> int:
+    """Policies on the first `requests` requests of the shared trace, S1, x1 and x4."""
+    from catsproto.adapters.trace import TraceFormatError, find_trace
+    from catsproto.commands import eval as evaluation
+
+    try:
+        trace = find_trace()
+    except TraceFormatError as exc:
+        print(f"trace-driven evaluation skipped: {exc}")
+        return 0
+    print(
+        f"catsproto eval: the first {requests:,} requests of the Mooncake conversation trace,"
+        " scenario S1 (4 sites x 4 instances), speedups 1 and 4; every advertisement built,"
+        " signed, encoded, delayed, verified. The whole trace over twenty seeds:"
+        " docs/evaluation.md.\n"
+    )
+    policies = ["nearest", "compute-aware", "catsproto", "oracle"]
+    argv = ["eval", "--trace", str(trace), "--limit", str(requests), "--sweep-limit", "0"]
+    return evaluation.run(build_parser().parse_args([*argv, "--policies", *policies]))
 
 
 def codec_demo() -> int:
@@ -196,10 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the codec on the example advertisements, then bring up the "
         "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
         "otherwise), watch signed advertisements arrive, ask the path selector where "
-        "each site's cached conversation should go, and tear everything down.",
+        "each site's cached conversation should go, and tear everything down; then run "
+        "the steering policies on a slice of the Mooncake conversation trace.",
     )
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
+    p.add_argument("--no-eval", action="store_true", help="skip the trace-driven evaluation")
+    p.add_argument(
+        "--eval-requests",
+        type=_positive_int,
+        default=3000,
+        metavar="N",
+        help="requests of the trace the evaluation part uses (default 3000, about 20 s)",
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

@@ -35,3 +35,16 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
         assert int(ttft) < int(blind_ttft) / 10
     assert "c3(frr) > b4(bird)" in text  # site 4's advertisements crossed BIRD and FRR
     assert "lab down" in text
+    # part 3: the policies on the first 3,000 requests of the trace, at x1 and x4
+    table = re.findall(r"^\s*(nearest|compute-aware|catsproto|oracle)\s+([14])\s", text, re.M)
+    assert len(table) == 8, text[-3000:]
+    lines = re.findall(
+        r"^x([14]): catsproto hit ([\d.]+)%, mean TTFT ([\d.]+) ms; against nearest "
+        r"([\d.]+)x the hit rate \(([\d.]+)%\) and (-?[\d.]+)% less TTFT",
+        text,
+        re.M,
+    )
+    assert [x[0] for x in lines] == ["1", "4"], text[-2000:]
+    for _, hit, _mean, times, near_hit, less in lines:
+        assert float(hit) > 2 * float(near_hit) and float(times) >= 2.0
+        assert float(less) > 10  # cache knowledge pays at either load

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from catsproto import cli
-from catsproto.adapters.report import raw_event_bytes, seed_aggregate
+from catsproto.adapters.report import headline, raw_event_bytes, seed_aggregate
 from catsproto.adapters.trace import (
     TraceFormatError,
     find_trace,
@@ -268,3 +268,21 @@ def test_seed_aggregate_by_hand():
     assert partial[0]["paired_seeds"] == 2 and partial[0]["diff_mean_ms"] == -0.5
     with pytest.raises(ValueError, match="two rows for catsproto x4 seed 1"):
         seed_aggregate([*rows, rows[0]])
+
+
+def test_headline_compares_catsproto_with_nearest_and_the_oracle():
+    rows = [
+        {"policy": "nearest", "speedup": 1.0, "hit_rate": 0.10, "ttft_mean_ms": 600.0},
+        {"policy": "catsproto", "speedup": 1.0, "hit_rate": 0.25, "ttft_mean_ms": 480.0},
+        {"policy": "oracle", "speedup": 1.0, "hit_rate": 0.24, "ttft_mean_ms": 482.5},
+        {"policy": "catsproto", "speedup": 4.0, "hit_rate": 0.2, "ttft_mean_ms": 500.0},
+        {"policy": "oracle", "speedup": 4.0, "hit_rate": 0.2, "ttft_mean_ms": 498.0},
+        {"policy": "random", "speedup": 8.0, "hit_rate": 0.05, "ttft_mean_ms": 900.0},
+    ]
+    assert headline(rows) == [
+        "x1: catsproto hit 25.0%, mean TTFT 480.0 ms; against nearest 2.5x the hit rate "
+        "(10.0%) and 20.0% less TTFT (600.0 ms); 2.5 ms below the oracle (482.5 ms, hit 24.0%)",
+        "x4: catsproto hit 20.0%, mean TTFT 500.0 ms; 2.0 ms above the oracle (498.0 ms, "
+        "hit 20.0%)",
+    ]
+    assert headline(rows[1:2]) == []  # nothing to compare with

@@ -22,6 +22,7 @@ from catsproto.sim import RunResult
 __all__ = [
     "format_seed_table",
     "format_table",
+    "headline",
     "raw_event_bytes",
     "seed_aggregate",
     "summary_rows",
@@ -87,6 +88,37 @@ COLUMNS = [
 def format_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
     header = [c[1] for c in COLUMNS]
     return _grid(header, [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows], markdown)
+
+
+def headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per speedup at which catsproto ran with nearest (network-only CATS)
+    and/or the oracle: its hit rate and mean TTFT against theirs."""
+    lines = []
+    for speedup in sorted({r["speedup"] for r in rows}):
+        at = {r["policy"]: r for r in rows if r["speedup"] == speedup}
+        cats = at.get("catsproto")
+        if cats is None or not ({"nearest", "oracle"} & at.keys()):
+            continue
+        hit, mean = cats["hit_rate"], cats["ttft_mean_ms"]
+        parts = [f"x{speedup:g}: catsproto hit {hit:.1%}, mean TTFT {mean:.1f} ms"]
+        near = at.get("nearest")
+        if near is not None:
+            times = f"{hit / near['hit_rate']:.1f}x" if near["hit_rate"] else "n/a"
+            less = 1 - mean / near["ttft_mean_ms"] if near["ttft_mean_ms"] else 0.0
+            parts.append(
+                f"against nearest {times} the hit rate ({near['hit_rate']:.1%}) and "
+                f"{less:.1%} less TTFT ({near['ttft_mean_ms']:.1f} ms)"
+            )
+        oracle = at.get("oracle")
+        if oracle is not None:
+            gap = mean - oracle["ttft_mean_ms"]
+            word = "above" if gap > 0 else "below"
+            parts.append(
+                f"{abs(gap):.1f} ms {word} the oracle ({oracle['ttft_mean_ms']:.1f} ms, "
+                f"hit {oracle['hit_rate']:.1%})"
+            )
+        lines.append("; ".join(parts))
+    return lines
 
 
 def summary_rows(results: Sequence[RunResult], block_tokens: int) -> list[dict[str, Any]]:

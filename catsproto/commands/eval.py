@@ -43,6 +43,7 @@ from typing import Any
 from catsproto.adapters.report import (
     format_seed_table,
     format_table,
+    headline,
     seed_aggregate,
     summary_rows,
     write_report,
@@ -220,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=float))
     else:
         print(format_table(rows))
+        for line in headline(rows):
+            print(line)
     wall = time.perf_counter() - started
     if args.report:
         meta = {
