@@ -540,3 +540,17 @@ def test_pending_work_counts_the_fetch_as_well_as_the_prefill(pending):
     busy = first.fetch_ms + first.prefill_ms
     second = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen
     assert second.queue_ms == pytest.approx(busy)
+
+
+def test_queued_ms_leaves_out_work_a_newer_advertisement_counts_before_any_decision():
+    rib, sel = _one_site("count")
+    a = sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1000).chosen.address
+    assert sel.note(7, a, 1200, 1000.0)
+    assert sel.queued_ms(7, a, 1300) == pytest.approx(919.2)
+    # built at 1100: counts the decision (its backlog, 500 tokens, drains by 1150), not
+    # the note
+    rib.accept(advert(str(a), 1, seq=2, ts=1100, backlog=500.0), now_ms=1250)
+    assert sel.queued_ms(7, a, 1300) == pytest.approx(100.0)
+    assert sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1300).runner_up.queue_ms == (
+        pytest.approx(100.0)
+    )

@@ -137,14 +137,18 @@ class PendingWork:
         return tokens
 
     def queued_tokens(self, table: ServiceTable, slot: int, now_ms: float) -> float:
-        """The advertised backlog drained to `now_ms` plus the pending work, in tokens."""
+        """The advertised backlog drained to `now_ms` plus the pending work, in tokens,
+        as the next decision would count it (no state changes, whatever has arrived)."""
         tps = float(table.prefill_tps[slot])
         backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
         log = self.log[slot] if slot < len(self.log) else deque()
         if self.drain:
             return replay(backlog, at, log, tps, now_ms)
         drained = max(0.0, backlog - max(0.0, now_ms - at) * tps / 1000)
-        return drained + self.peers * float(self.tokens[slot] if log else 0.0)
+        if slot < len(self.seen_version) and table.metrics_version[slot] == self.seen_version[slot]:
+            return drained + self.peers * float(self.tokens[slot] if log else 0.0)
+        # an advertisement not refreshed yet counts the entries built at or before it
+        return drained + self.peers * sum(tokens for when, tokens in log if when > at)
 
     def _count_ms(self, table: ServiceTable, slot: int) -> None:
         self.ms[slot] = self.peers * self.tokens[slot] * table.ms_per_token[slot]
