@@ -822,7 +822,9 @@ def quality(
         raw = apply_overrides(load_scenario("s1"), [*overrides, f"speedup={speedup}"])
         sc = Scenario.from_mapping(raw)
         keyer = BlockKeyer(sc.secret, sc.model_id, sc.block_tokens)
-        tr = PreparedTrace.build(requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index)
+        tr = PreparedTrace.build(
+            requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, spread=sc.arrival_spread
+        )
         base = None
         for name in ["catsproto", *[p for p in policies if p != "catsproto"]]:
             t0 = time.perf_counter()

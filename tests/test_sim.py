@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import itertools
 from collections import deque
 
 import numpy as np
@@ -560,3 +561,34 @@ def test_site_cps_takes_the_ingress_pull_from_another_site_by_hand(carry, monkey
     else:
         assert hits == [0, 0]
         assert ttft == pytest.approx([17, 17])
+
+
+def test_spread_ticks_spreads_a_shared_timestamp_evenly_until_the_next():
+    from catsproto.sim.trace import spread_ticks
+
+    ts = [0.0, 0.0, 0.0, 3000.0, 3000.0, 6000.0]
+    reqs = [TraceRequest(t, 100 + i, 1, (i, i + 1)) for i, t in enumerate(ts)]
+    out = spread_ticks(reqs)
+    assert [r.timestamp_ms for r in out] == [0.0, 1000.0, 2000.0, 3000.0, 4500.0, 6000.0]
+    assert [(r.input_length, r.hash_ids) for r in out] == [
+        (r.input_length, r.hash_ids) for r in reqs
+    ]  # order and everything else kept
+    assert [r.timestamp_ms for r in reqs] == ts  # the input is left as it was
+    # the last group spreads over the median step between timestamps (3000 ms here)
+    tail = spread_ticks([*reqs, TraceRequest(6000.0, 1, 1, (9,))])
+    assert [r.timestamp_ms for r in tail[-2:]] == [6000.0, 7500.0]
+    keyer = BlockKeyer(b"s" * 16, "m", 512)
+    prepared = PreparedTrace.build(reqs, keyer, 4, 2.0, spread=True)
+    assert prepared.arrival_ms.tolist() == [0, 500, 1000, 1500, 2250, 3000]
+    at_once = PreparedTrace.build(reqs, keyer, 4, 2.0).arrival_ms.tolist()
+    assert at_once == [0, 0, 0, 1500, 1500, 3000]
+
+
+def test_the_conversation_trace_ticks_every_three_seconds():
+    """Why `arrival_spread` exists: the shared trace's timestamps step by 3 s (±3 ms)."""
+    reqs = read_trace(TRACE_FILE, None)
+    ticks = sorted({r.timestamp_ms for r in reqs})
+    steps = {b - a for a, b in itertools.pairwise(ticks)}
+    assert len(reqs) == 12_031 and len(ticks) == 1_180
+    assert steps <= set(range(2997, 3004))
+    assert Scenario.from_mapping(load_scenario("s1")).arrival_spread is False

@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     for speedup in args.speedup:
         sc = _scenario(args.scenario, args.overrides, speedup)
         trace = PreparedTrace.build(
-            requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, memo
+            requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, memo, sc.arrival_spread
         )
         for name in args.policies:
             bar = _Bar(f"{name} x{speedup:g}", len(trace), not args.quiet)
@@ -196,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
                 if key == "update_interval_ms" and v > base.refresh_interval_ms:
                     extra.append(f"refresh_interval_ms={v}")
                 sc = _scenario(args.scenario, [*args.overrides, *extra], 1.0)
-                trace = PreparedTrace.build(sub, keyer, len(sc.sites), 1.0, sc.ingress_index, memo)
+                trace = PreparedTrace.build(
+                    sub, keyer, len(sc.sites), 1.0, sc.ingress_index, memo, sc.arrival_spread
+                )
                 bar = _Bar(f"sweep {key}={v}", len(trace), not args.quiet)
                 (row,) = summary_rows(
                     [run_policy("catsproto", trace, sc, progress=bar)], base.block_tokens
@@ -276,12 +278,18 @@ class SeedRunner:
         sc = _scenario(self.scenario, overrides, job.speedup)
         keyed = (base.secret, base.model_id, base.block_tokens)
         memo = self._memos.setdefault(keyed, {})
-        where = (keyed, len(sc.sites), sc.speedup, sc.ingress_index)
+        where = (keyed, len(sc.sites), sc.speedup, sc.ingress_index, sc.arrival_spread)
         trace = self._traces.get(where)
         if trace is None:
             keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
             trace = self._traces[where] = PreparedTrace.build(
-                self.requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, memo
+                self.requests,
+                keyer,
+                len(sc.sites),
+                sc.speedup,
+                sc.ingress_index,
+                memo,
+                sc.arrival_spread,
             )
         result = run_policy(job.policy, trace, sc, seed=self.random_seed, progress=progress)
         (row,) = summary_rows([result], base.block_tokens)

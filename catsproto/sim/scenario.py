@@ -82,6 +82,7 @@ class Scenario:
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
+    arrival_spread: bool  # requests sharing a trace timestamp arrive evenly until the next
     seed: int
     secret: bytes
     model_id: str
@@ -151,6 +152,7 @@ class Scenario:
                 site_bounce=bool(d.get("site_bounce", False)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
+                arrival_spread=bool(d.get("arrival_spread", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -252,6 +254,7 @@ class Scenario:
             "site_bounce": self.site_bounce,
             "remote_margin_ms": self.remote_margin_ms,
             "overflow_signal": self.overflow_signal,
+            "arrival_spread": self.arrival_spread,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -388,6 +391,7 @@ _OPTIONAL = {
     "site_bounce",
     "remote_margin_ms",
     "overflow_signal",
+    "arrival_spread",
     "seed",
     "secret",
     "model_id",
