@@ -592,3 +592,115 @@ def test_the_conversation_trace_ticks_every_three_seconds():
     assert len(reqs) == 12_031 and len(ticks) == 1_180
     assert steps <= set(range(2997, 3004))
     assert Scenario.from_mapping(load_scenario("s1")).arrival_spread is False
+
+
+# physical arrivals: a request joins its queue half its round trip after it is routed
+OVERTAKE = [
+    TraceRequest(0, 16, 1, (1, 2, 4, 5)),  # p0 ingress B
+    TraceRequest(2000, 16, 1, (1, 2, 4, 6)),  # p1 ingress A, p0's first three blocks
+    TraceRequest(2000, 100, 1, (11, 13, 15, 17)),  # p2 ingress B
+]
+
+
+@pytest.mark.parametrize(
+    "physical, inst, ttft, wait",
+    [
+        (False, [2, 2, 3], [17, 14, 101], [0, 0, 0]),
+        (True, [2, 2, 2], [17, 109.5, 101], [0, 95.5, 0]),
+    ],
+)
+def test_oracle_routed_and_physical_arrival_by_hand(physical, inst, ttft, wait):
+    # p0 t=0: all idle and empty: B1 1+0+16 = 17 (ties B2, lowest index)
+    # p1 t=2000 from A: B1 holds 3 of its blocks, 10+0+4 = 14 beats A1's 1+0+16 = 17 -> B1
+    # p2 t=2000 from B: routed, p1 already joined B1 (busy until 2004): B2, 101.
+    #   Physical: p1 is still on its way (it reaches B1 at 2005), p2 would reach B1 at
+    #   2000.5, ahead of it: no wait for p2 at B1 -> B1 (ties B2), 101; p1 then arrives
+    #   behind p2's 100 ms: 10 + (2100.5 - 2005) + 4 = 109.5. The oracle's exact state
+    #   cannot know of a request routed after its own decision.
+    sc = mini(ingress_index=3, physical_arrival=physical)
+    assert prepared(sc, OVERTAKE).ingress.tolist() == [1, 0, 1]
+    got_inst, hits, got_ttft, r = outcome("oracle", sc, requests=OVERTAKE)
+    assert got_inst == inst
+    assert hits == [0, 3, 0]
+    assert got_ttft == pytest.approx(ttft)
+    assert r.wait_ms.tolist() == pytest.approx(wait)
+    assert r.rtt_ms.tolist() == [1, 10, 1]
+
+
+@pytest.mark.parametrize("physical", [False, True])
+def test_site_cps_places_on_arrival_in_the_physical_model(physical):
+    # The same requests with the two-level decision. p0: fallback B1, 17; advertised at
+    # the 1 s tick. p1 t=2000 at ingress A: B1 14 as A sees it -> site B.
+    # Routed: B's C-PS places p1 at once: B1, 14; p2 then finds B1 busy: B2, 101.
+    # Physical: p1 reaches B's C-PS at 2005, after p2 (ingress B, placed at 2000: B1,
+    #   101). B's C-PS counted p2's 100 ms on B1: B1 1+95+4 = 100, B2 1+0+16 = 17 -> B2:
+    #   10 + 0 + 16 = 26 (no bounce: 26 is not worse than 14 + the 10 ms detour).
+    sc = mini(site_dispatch=True, site_bounce=True, ingress_index=3, physical_arrival=physical)
+    inst, hits, ttft, r = outcome("catsproto", sc, requests=OVERTAKE)
+    if physical:
+        assert inst == [2, 3, 2]
+        assert hits == [0, 0, 0]
+        assert ttft == pytest.approx([17, 26, 101])
+    else:
+        assert inst == [2, 2, 3]
+        assert hits == [0, 3, 0]
+        assert ttft == pytest.approx([17, 14, 101])
+    assert r.fallbacks == 1
+
+
+@pytest.mark.parametrize(
+    "over, inst, ttft, rtt",
+    [
+        ({}, [2, 2, 3, 2], [17, 101, 101, 109.5], [1, 1, 1, 10]),
+        ({"site_bounce": True}, [2, 2, 3, 0], [17, 101, 101, 27], [1, 1, 1, 11]),
+        ({"remote_margin_ms": 5.0}, [2, 2, 3, 0], [17, 101, 101, 17], [1, 1, 1, 1]),
+    ],
+)
+def test_bounce_in_the_physical_model_by_hand(over, inst, ttft, rtt, monkeypatch):
+    # BURST with physical arrivals. q1 q2 (ingress B) join B1, B2 at 2000.5 (busy until
+    # 2100.5). q3 (ingress A at 2000) reaches B's C-PS at 2005: B1 1+95+4 = 100 beats B2's
+    # 1+95+16 -> B1; no bounce: it joins at 2005, 10 + 95.5 + 4 = 109.5.
+    # Bounce: B1 as A sees it, 10 + 95 + 4 = 109, is worse than A expected (14 + the
+    #   10 ms detour) and than A1 when sent (17, carried along) + 10 -> back at A's C-PS
+    #   at 2010: A1, joined at 2010.5: 1 + 10 + 0 + 16 = 27. Ingress A's count of the
+    #   work it sent B1 at 2000 (4 tokens) is undone then, by its time and size.
+    #   A margin keeps it home at once: A1, 17.
+    from catsproto.selector import PathSelector
+
+    forgotten: list[tuple[int, float, bool]] = []
+    forget = PathSelector.forget
+
+    def spy(self, cs_id, address, sent_ms, tokens):
+        done = forget(self, cs_id, address, sent_ms, tokens)
+        forgotten.append((sent_ms, float(tokens), done))
+        return done
+
+    monkeypatch.setattr(PathSelector, "forget", spy)
+    sc = mini(site_dispatch=True, ingress_index=3, physical_arrival=True, **over)
+    got_inst, _hits, got_ttft, r = outcome("catsproto", sc, requests=BURST)
+    assert got_inst == inst
+    assert got_ttft == pytest.approx(ttft)
+    assert r.rtt_ms.tolist() == rtt
+    if over.get("site_bounce"):  # 4 tokens, and a little for the filter's false positives
+        assert forgotten == [(2000, pytest.approx(4.0, abs=0.02), True)]
+    else:
+        assert forgotten == []
+
+
+def test_forget_undoes_one_entry_by_time_and_size():
+    from catsproto.selector.pending import PendingWork
+
+    class Table:  # what a count-mode `remove` reads of the service table
+        ms_per_token = np.ones(1)
+
+    pend = PendingWork(drain=False)
+    pend.grow(1)
+    for at, tokens in [(5, 8.0), (5, 3.0), (7, 8.0), (9, 1.0)]:
+        pend.add(Table(), 0, at, tokens)  # type: ignore[arg-type]
+    assert pend.remove(Table(), 0, 5, 8.0)  # type: ignore[arg-type]
+    assert list(pend.log[0]) == [(5, 3.0), (7, 8.0), (9, 1.0)]
+    assert pend.tokens[0] == pytest.approx(12.0) and pend.ms[0] == pytest.approx(12.0)
+    assert not pend.remove(Table(), 0, 5, 8.0)  # type: ignore[arg-type]  # gone
+    assert not pend.remove(Table(), 0, 4, 3.0)  # type: ignore[arg-type]  # never logged
+    assert not pend.remove(Table(), 0, 7, 1.0)  # type: ignore[arg-type]  # other size
+    assert list(pend.log[0]) == [(5, 3.0), (7, 8.0), (9, 1.0)]

@@ -136,6 +136,26 @@ class PendingWork:
             self._count_ms(table, slot)
         return tokens
 
+    def remove(self, table: ServiceTable, slot: int, at_ms: int, tokens: float) -> bool:
+        """Undo the newest entry of `slot` logged at `at_ms` with exactly `tokens`; False
+        when there is none (a newer advertisement counted it, or it never was)."""
+        if slot >= len(self.log):
+            return False
+        log = self.log[slot]
+        for k in range(len(log) - 1, -1, -1):
+            when, logged = log[k]
+            if when < at_ms:
+                return False
+            if when == at_ms and logged == tokens:
+                del log[k]
+                self.tokens[slot] -= tokens
+                if not log:
+                    self.tokens[slot] = 0.0
+                if not self.drain:
+                    self._count_ms(table, slot)
+                return True
+        return False
+
     def queued_tokens(self, table: ServiceTable, slot: int, now_ms: float) -> float:
         """The advertised backlog drained to `now_ms` plus the pending work, in tokens,
         as the next decision would count it (no state changes, whatever has arrived)."""

@@ -391,6 +391,16 @@ class PathSelector:
         table, slot = found
         return self._pending_for(table).pop_last(table, slot) is not None
 
+    def forget(self, cs_id: int, address: IPAddress, sent_ms: int, tokens: float) -> bool:
+        """Undo the work counted for `address` at `sent_ms` with exactly `tokens` (the
+        request went elsewhere, learnt after later work was counted there). False:
+        nothing such is counted, or a newer advertisement already counts it."""
+        found = self._slot_of(cs_id, address)
+        if found is None:
+            return False
+        table, slot = found
+        return self._pending_for(table).remove(table, slot, sent_ms, tokens)
+
     def queued_ms(self, cs_id: int, address: IPAddress, now_ms: int) -> float:
         """The queue this selector reckons `address` has at `now_ms`: the advertised
         backlog drained at the advertised rate plus the work counted since, in ms of

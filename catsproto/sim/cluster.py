@@ -8,13 +8,18 @@ routed at `t` starts at max(t, free_at), is busy for fetch + prefill, and its TT
 
 where `cached` is 512 × the longest prefix of its blocks the instance holds when it is
 routed (or pulls from another instance), and fetch is the cost of bringing that prefix
-from its tiers (HBM is free) or across the network. The same formulas, on exact state,
-are the oracle's estimate (`estimate_local`, `estimate_pull`), mirroring the selector's
-cost model (catsproto/selector/selector.py) term by term. Pure and deterministic.
+from its tiers (HBM is free) or across the network. In the *physical* arrival model
+(scenario ``physical_arrival``) a request joins its queue, and is matched against the
+cache, when it reaches the instance, one one-way delay after it was routed; until then
+it is *in flight* (`expect`), and `waits_for` counts the work in flight ahead of it.
+The same formulas, on exact state, are the oracle's estimate (`fetch_ms`, `pull_ms`,
+`prefill_ms`), mirroring the selector's cost model (catsproto/selector/selector.py)
+term by term. Pure and deterministic.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -65,6 +70,9 @@ class Cluster:
         self.free_at = np.zeros(n)
         self.served = np.zeros(n, dtype=np.int64)
         self.starts: list[deque[float]] = [deque() for _ in range(n)]
+        self.physical = sc.physical_arrival
+        # physical arrivals: work routed but not arrived, per instance, in arrival order
+        self.inflight: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]
         self.tier_cost = {
             t.tier: (t.fetch_latency_us / 1000, float(t.fetch_bandwidth_mbps)) for t in sc.tiers
         }
@@ -81,6 +89,39 @@ class Cluster:
 
     def waits(self, t: float) -> np.ndarray:
         return np.maximum(0.0, self.free_at - t)
+
+    def arrival_ms(self, ingress: int, i: int, t: float) -> float:
+        """When a request routed at t from `ingress` joins instance i's queue: at once
+        (routed model) or one one-way delay later (physical model)."""
+        return t + float(self.inst_rtt[ingress, i]) / 2 if self.physical else t
+
+    def waits_for(self, t: float, ingress: int) -> np.ndarray:
+        """The queue wait each instance would give a request from `ingress` routed at t:
+        `waits(t)` in the routed model; in the physical model, the wait on its arrival
+        behind the queue now and the work in flight that arrives before it."""
+        if not self.physical:
+            return self.waits(t)
+        out = np.zeros(len(self.caches))
+        for i, flight in enumerate(self.inflight):
+            at = t + float(self.inst_rtt[ingress, i]) / 2
+            free = float(self.free_at[i])
+            for when, _, work in flight:
+                if when > at:
+                    break
+                free = max(free, when) + work
+            out[i] = max(0.0, free - at)
+        return out
+
+    def expect(self, i: int, at: float, seq: int, work_ms: float) -> None:
+        """Request `seq` is on its way to instance i, arriving at `at` with `work_ms` of
+        work (estimated when routed); `serve` takes it off again."""
+        bisect.insort(self.inflight[i], (at, seq, work_ms))
+
+    def landed(self, i: int, at: float, seq: int) -> None:
+        flight = self.inflight[i]
+        k = bisect.bisect_left(flight, (at, seq, -INF))
+        if k < len(flight) and flight[k][1] == seq:
+            del flight[k]
 
     def queue_counts(self, i: int, t: float) -> tuple[int, int]:
         """(waiting, running) requests of instance i at time t."""
@@ -128,17 +169,11 @@ class Cluster:
 
     # ---- serving -----------------------------------------------------------------------
 
-    def serve(
-        self,
-        i: int,
-        t: float,
-        ingress: int,
-        input_tokens: int,
-        keys: Sequence[int],
-        source: int | None = None,
-    ) -> Served:
-        """Route a request to instance i at time t (pulling its prefix from `source` if
-        given and that holds more); update the queue and the cache."""
+    def _plan(
+        self, i: int, keys: Sequence[int], source: int | None
+    ) -> tuple[PrefixHit, int, float, int, int | None]:
+        """What serving at i would reuse now: (local hit, blocks reused, fetch or pull
+        ms, blocks pulled, the source actually pulled from)."""
         hit = self.caches[i].lookup(keys)
         cached, fetch, pulled = hit.depth, self.fetch_ms(hit.tiers), 0
         if source is not None and source != i:
@@ -150,6 +185,27 @@ class Cluster:
                 source = None
         else:
             source = None
+        return hit, cached, fetch, pulled, source
+
+    def work_ms(
+        self, i: int, input_tokens: int, keys: Sequence[int], source: int | None = None
+    ) -> float:
+        """The fetch (or pull) and prefill serving the request at i would take now."""
+        _, cached, fetch, _, _ = self._plan(i, keys, source)
+        return fetch + self.prefill_ms(input_tokens, cached)
+
+    def serve(
+        self,
+        i: int,
+        t: float,
+        ingress: int,
+        input_tokens: int,
+        keys: Sequence[int],
+        source: int | None = None,
+    ) -> Served:
+        """Route a request to instance i at time t (pulling its prefix from `source` if
+        given and that holds more); update the queue and the cache."""
+        hit, cached, fetch, pulled, source = self._plan(i, keys, source)
         prefill = self.prefill_ms(input_tokens, cached)
         start = max(t, float(self.free_at[i]))
         self.free_at[i] = start + fetch + prefill

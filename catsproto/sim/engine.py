@@ -13,14 +13,16 @@ block was in the summary's key set when it was built (evicted since), else a
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from catsproto.sim.cluster import Cluster
+from catsproto.sim.cluster import Cluster, Served
 from catsproto.sim.hierarchy import HierarchicalPolicy
-from catsproto.sim.policies import CatsprotoPolicy, make_policy
+from catsproto.sim.policies import CatsprotoPolicy, Choice, Handoff, Policy, make_policy
 from catsproto.sim.scenario import Scenario
 from catsproto.sim.trace import PreparedTrace
 
@@ -127,15 +129,11 @@ def run_policy(
     claimed = np.full(n, -1, dtype=np.int64)
     result_extra = {"stale": [0, 0], "fp": [0, 0], "unadvertised": 0}
     is_cats = isinstance(policy, CatsprotoPolicy)
-    for r in range(n):
-        t = int(trace.arrival_ms[r])
-        policy.advance(t)
-        choice = policy.choose(r, t)
+    done = 0
+
+    def record(r: int, choice: Choice, served: Served) -> None:
+        nonlocal done
         keys = trace.key_lists[r]
-        req = trace.requests[r]
-        served = cluster.serve(
-            choice.instance, t, int(trace.ingress[r]), req.input_length, keys, choice.source
-        )
         cols["ttft"][r] = served.ttft_ms + choice.extra_rtt_ms
         cols["rtt"][r] = served.rtt_ms + choice.extra_rtt_ms
         cols["wait"][r] = served.wait_ms
@@ -146,7 +144,7 @@ def run_policy(
         claimed[r] = choice.claimed_blocks
         if is_cats and not choice.fallback and choice.source is None:
             _classify(
-                policy,
+                policy,  # type: ignore[arg-type]
                 choice.instance,
                 int(trace.ingress[r]),
                 keys,
@@ -154,8 +152,27 @@ def run_policy(
                 choice.claimed_blocks,
                 result_extra,
             )
+        done += 1
         if progress is not None:
-            progress(r + 1)
+            progress(done)
+
+    if scenario.physical_arrival:
+        _run_physical(policy, cluster, trace, record)
+    else:
+        for r in range(n):
+            t = int(trace.arrival_ms[r])
+            policy.advance(t)
+            choice = policy.choose(r, t)
+            req = trace.requests[r]
+            served = cluster.serve(
+                choice.instance,
+                t,
+                int(trace.ingress[r]),
+                req.input_length,
+                trace.key_lists[r],
+                choice.source,
+            )
+            record(r, choice, served)
     span = (int(trace.arrival_ms[-1]) - int(trace.arrival_ms[0])) / 1000 if n else 0.0
     out = RunResult(
         policy=name,
@@ -198,6 +215,60 @@ def run_policy(
             "builds": st.builds,
         }
     return out
+
+
+def _run_physical(
+    policy: Policy,
+    cluster: Cluster,
+    trace: PreparedTrace,
+    record: Callable[[int, Choice, Served], None],
+) -> None:
+    """The physical arrival model: a request routed at t joins its instance's queue (and
+    is matched against its cache) on arrival, t + the extra round trip of its decision
+    (a shared C-PS's query, a bounce's detour) + half the round trip to the instance; a
+    request handed to another site's C-PS is placed when it reaches that site. Events
+    (ingress decisions, arrivals at a site's C-PS, arrivals at an instance) run in time
+    order; at equal times, what is already in flight first."""
+    heap: list[tuple[float, int, int, Choice | Handoff]] = []
+    seq = 0
+
+    def schedule(r: int, out: Choice | Handoff) -> None:
+        nonlocal seq
+        seq += 1
+        if isinstance(out, Handoff):
+            heapq.heappush(heap, (out.at_ms, seq, r, out))
+            return
+        x, i = int(trace.ingress[r]), out.instance
+        at = float(trace.arrival_ms[r]) + out.extra_rtt_ms + float(cluster.inst_rtt[x, i]) / 2
+        work = cluster.work_ms(i, trace.requests[r].input_length, trace.key_lists[r], out.source)
+        cluster.expect(i, at, seq, work)
+        heapq.heappush(heap, (at, seq, r, out))
+
+    n, r = len(trace), 0
+    while r < n or heap:
+        t = int(trace.arrival_ms[r]) if r < n else None
+        if heap and (t is None or heap[0][0] <= t):
+            at, k, q, item = heapq.heappop(heap)
+            if isinstance(item, Handoff):
+                policy.advance(math.floor(at))
+                schedule(q, policy.arrive(q, item))
+                continue
+            cluster.landed(item.instance, at, k)
+            req = trace.requests[q]
+            served = cluster.serve(
+                item.instance,
+                at,
+                int(trace.ingress[q]),
+                req.input_length,
+                trace.key_lists[q],
+                item.source,
+            )
+            record(q, item, served)
+            continue
+        assert t is not None
+        policy.advance(t)
+        schedule(r, policy.route(r, t))
+        r += 1
 
 
 def _classify(

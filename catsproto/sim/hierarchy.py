@@ -50,7 +50,7 @@ from catsproto.selector.rib import ServiceTable
 from catsproto.selector.selector import Estimate
 from catsproto.sim.cluster import Cluster
 from catsproto.sim.control import CS_ID, ControlPlane
-from catsproto.sim.policies import CatsprotoPolicy, Choice
+from catsproto.sim.policies import CatsprotoPolicy, Choice, Handoff
 from catsproto.sim.trace import PreparedTrace
 
 __all__ = ["HierarchicalControlPlane", "HierarchicalPolicy"]
@@ -112,6 +112,18 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.carried_pulls = 0  # the site C-PS took the ingress's pull from another site
 
     def choose(self, r: int, t: int) -> Choice:
+        """Both levels at once: the request reaches its site's C-PS at `t` (the routed
+        model, where a request joins its queue the moment it is routed)."""
+        out = self.route(r, t)
+        while isinstance(out, Handoff):
+            out = self.arrive(r, out)
+        return out
+
+    def route(self, r: int, t: int) -> Choice | Handoff:
+        """The ingress's C-PS picks the site. Its own site's C-PS, in the same box,
+        places the request at once; another site's places it when it arrives there
+        (`Handoff`: at once in the routed model, one one-way delay later in the
+        physical one)."""
         control = self.control
         assert isinstance(control, HierarchicalControlPlane)
         sc = self.cluster.sc
@@ -134,36 +146,108 @@ class HierarchicalPolicy(CatsprotoPolicy):
             if home is not None and home.total_ms <= top.chosen.total_ms + margin:
                 s = x
                 self.kept_home += 1
-        if s != x and sc.overflow_signal:
-            self._signal(x, s, t)
-        chosen = self._site_pick(s, r, t)
+        if s == x:
+            return self._place(r, t, t, x, top.chosen)
+        physical = sc.physical_arrival
+        floor = self._floor(x, t) if sc.overflow_signal else 0.0
+        home_ms = None
+        if physical and sc.site_bounce:  # the ingress's view of home travels along
+            pick = self._site_pick(x, r, t, dry=True)
+            home_ms = None if pick is None else pick.total_ms
+        at = t + sc.rtt(sc.sites[x], sc.sites[s]) / 2 if physical else float(t)
+        return Handoff(s, at, t, top.chosen, floor, home_ms)
+
+    def arrive(self, r: int, h: Handoff) -> Choice | Handoff:
+        """Site `h.site`'s C-PS places a request from another ingress on arrival; if its
+        real queues make it slower than the ingress's own site even after the detour
+        back, it hands the request back (`site_bounce`)."""
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
+        sc = self.cluster.sc
+        x, s, top = int(self.trace.ingress[r]), h.site, h.top
+        assert isinstance(top, Estimate)
+        now = int(h.at_ms)
+        if h.bounced:
+            return self._place(r, h.sent_ms, now, x, top, extra=h.extra_rtt_ms, bounced=True)
+        if h.floor_ms > 0:
+            self._signal(x, s, h.floor_ms - (h.at_ms - h.sent_ms), now)
+        chosen = self._site_pick(s, r, now)
         if chosen is None:
-            return self._fallback(s, t)
+            return self._fallback(s, now)
         if sc.remote_kv and self.carry_source:
-            chosen = self._carried_pull(s, t, top.chosen, chosen)
-        extra = 0.0
-        if s != x and sc.site_bounce:
+            chosen = self._carried_pull(s, now, top, chosen)
+        if sc.site_bounce:
             # Site s's C-PS sees its real queue; if that makes it slower than the
             # ingress's own site even after going back there (the detour x -> s -> x),
             # it hands the request back. The ingress preferred s over its own site on the
             # same (fresh) home state, so only a request worse than the ingress expected
             # can be slower: the home site's C-PS is asked only then.
             detour = sc.rtt(sc.sites[x], sc.sites[s])
-            seen = chosen.total_ms - chosen.rtt_ms + top.chosen.rtt_ms
-            if seen > top.chosen.total_ms + detour:
-                home = self._site_pick(x, r, t, dry=True)
-                if home is not None and seen > home.total_ms + detour:
+            seen = chosen.total_ms - chosen.rtt_ms + top.rtt_ms
+            if seen > top.total_ms + detour:
+                if h.home_ms is not None:
+                    home_ms: float | None = h.home_ms
+                else:
+                    home = self._site_pick(x, r, now, dry=True)
+                    home_ms = None if home is None else home.total_ms
+                if home_ms is not None and seen > home_ms + detour:
                     control.local_selectors[s].forget_last(CS_ID, chosen.address)
-                    chosen = self._site_pick(x, r, t)
-                    assert chosen is not None  # the dry run found one
-                    s, extra = x, detour
                     self.bounces += 1
+                    back = dataclasses.replace(
+                        h, site=x, at_ms=h.at_ms + (h.at_ms - h.sent_ms), bounced=True
+                    )
+                    return dataclasses.replace(back, extra_rtt_ms=detour)
+        return self._record(r, h.sent_ms, now, x, s, top, chosen, 0.0)
+
+    def _place(
+        self,
+        r: int,
+        sent: int,
+        now: int,
+        s: int,
+        top: Estimate,
+        *,
+        extra: float = 0.0,
+        bounced: bool = False,
+    ) -> Choice:
+        """Site s's C-PS places request r now: the ingress's own site (at once, or a
+        request handed back to it)."""
+        chosen = self._site_pick(s, r, now)
+        if chosen is None:
+            return self._fallback(s, now)
+        if self.cluster.sc.remote_kv and self.carry_source and not bounced:
+            chosen = self._carried_pull(s, now, top, chosen)
+        return self._record(r, sent, now, int(self.trace.ingress[r]), s, top, chosen, extra)
+
+    def _record(
+        self,
+        r: int,
+        sent: int,
+        now: int,
+        x: int,
+        s: int,
+        top: Estimate,
+        chosen: Estimate,
+        extra: float,
+    ) -> Choice:
+        """Count the placement (site s's box, the ingress's log) and name the instance."""
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
         self.handovers += s != x
         self.site_decisions[s] += 1
-        if s == x:  # the ingress's own site placed it: that C-PS's note replaces the guess
-            ingress.forget_last(CS_ID, top.chosen.address)
+        if s == x:
+            # the ingress's own site placed it: that C-PS's note replaces the ingress's
+            # count of its own decision
+            ingress = control.selectors[x]
+            if now == sent:
+                ingress.forget_last(CS_ID, top.address)
+            else:  # handed back: later work may have been counted there since
+                table = ingress.rib.services[CS_ID]
+                tps = table.prefill_tps[table.by_address[top.address].slot]
+                work = (top.prefill_ms + top.fetch_ms) / 1000 * tps
+                ingress.forget(CS_ID, top.address, sent, work)
         box = control.selectors[s]  # the C-PS box at site s also steers from its ingress
-        box.note(CS_ID, chosen.address, t, self._tokens(s, chosen))
+        box.note(CS_ID, chosen.address, now, self._tokens(s, chosen))
         source = chosen.kv_source
         return Choice(
             self._index[chosen.address],
@@ -213,20 +297,28 @@ class HierarchicalPolicy(CatsprotoPolicy):
         self.carried_pulls += 1
         return pulled
 
-    def _signal(self, x: int, s: int, t: int) -> None:
-        """A request ingress x sends to site s says how busy x's own site is (x's box
-        knows it exactly): the least queue there. Site s's box takes it as a floor
-        for each route by which it knows x (`_routes_of_site`), so its own ingress
-        does not send work back into a site that is itself sending work away."""
+    def _floor(self, x: int, t: int) -> float:
+        """The least queue among ingress x's own instances at t (x's box knows it
+        exactly): the overflow signal a request sent away carries."""
         control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
         local = control.local_selectors[x]
+        home = control.local_ribs[x].services.get(CS_ID)
+        if home is None:
+            return 0.0
+        return min(local.queued_ms(CS_ID, a, t) for a in home.by_address)
+
+    def _signal(self, x: int, s: int, floor: float, t: int) -> None:
+        """A request ingress x sent to site s says how busy x's own site is: `floor`,
+        its least queue there, drained to t. Site s's box takes it as a floor for each
+        route by which it knows x (`_routes_of_site`), so its own ingress does not send
+        work back into a site that is itself sending work away."""
+        control = self.control
+        assert isinstance(control, HierarchicalControlPlane)
         home = control.local_ribs[x].services.get(CS_ID)
         box = control.selectors[s]
         table = box.rib.services.get(CS_ID)
-        if home is None or table is None:
-            return
-        floor = min(local.queued_ms(CS_ID, a, t) for a in home.by_address)
-        if floor <= 0:
+        if home is None or table is None or floor <= 0:
             return
         for address in self._routes_of_site(x, home):
             inst = table.by_address.get(address)

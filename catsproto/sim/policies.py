@@ -15,6 +15,11 @@ share the work instead of one taking everything.
 - catsproto: `PathSelector.decide` of the ingress site's selector, on advertised state.
 - oracle: exact, instant cache contents and queues; the lowest estimated TTFT (greedy),
   with the same cost model as the selector (including pulls when the scenario has them).
+
+In the physical arrival model (scenario ``physical_arrival``) the load the baselines and
+the oracle read is the wait a request would meet on *arrival*, one one-way delay after
+it is routed, behind the work already in flight there (`Cluster.waits_for`): still
+exact, and still generous to them.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from catsproto.sim.cluster import Cluster
 from catsproto.sim.control import CS_ID, ControlPlane, ingress_node
 from catsproto.sim.trace import PreparedTrace
 
-__all__ = ["POLICIES", "Choice", "Policy", "make_policy"]
+__all__ = ["POLICIES", "Choice", "Handoff", "Policy", "make_policy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,22 @@ class Choice:
     claimed_blocks: int = -1  # what the policy believed was cached there (-1: no belief)
     fallback: bool = False
     extra_rtt_ms: float = 0.0  # asking a shared C-PS elsewhere costs a round trip
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A request on its way to site `site`, whose own C-PS places it when it gets there
+    at `at_ms` (the two-level decision in the physical arrival model). What the ingress
+    knew travels with it."""
+
+    site: int
+    at_ms: float
+    sent_ms: int  # when the ingress routed it
+    top: object  # the ingress's winning estimate (its pull, if any, comes along)
+    floor_ms: float = 0.0  # overflow signal: its ingress site's least queue when sent
+    home_ms: float | None = None  # the ingress site's best TTFT when sent (for a bounce)
+    extra_rtt_ms: float = 0.0  # a bounce: the detour already travelled
+    bounced: bool = False
 
 
 class Policy:
@@ -55,6 +76,14 @@ class Policy:
 
     def choose(self, r: int, t: int) -> Choice:
         raise NotImplementedError
+
+    def route(self, r: int, t: int) -> Choice | Handoff:
+        """The decision at the ingress at t (physical arrival model): an instance, or a
+        site whose C-PS decides when the request arrives (`arrive`)."""
+        return self.choose(r, t)
+
+    def arrive(self, r: int, handoff: Handoff) -> Choice | Handoff:
+        raise NotImplementedError(f"{self.name} does not hand requests over")
 
     def _least(self, t: int, candidates: np.ndarray, cost: np.ndarray) -> int:
         served = self.cluster.served[candidates]
@@ -88,7 +117,8 @@ class LeastLoadedPolicy(Policy):
 
     def choose(self, r: int, t: int) -> Choice:
         cl = self.cluster
-        return Choice(self._least(t, np.arange(len(cl.caches)), cl.waits(t)))
+        waits = cl.waits_for(t, int(self.trace.ingress[r]))
+        return Choice(self._least(t, np.arange(len(cl.caches)), waits))
 
 
 class NearestPolicy(Policy):
@@ -96,8 +126,9 @@ class NearestPolicy(Policy):
 
     def choose(self, r: int, t: int) -> Choice:
         cl = self.cluster
-        here = np.nonzero(cl.site == self.trace.ingress[r])[0]
-        return Choice(self._least(t, here, cl.waits(t)[here]))
+        x = int(self.trace.ingress[r])
+        here = np.nonzero(cl.site == x)[0]
+        return Choice(self._least(t, here, cl.waits_for(t, x)[here]))
 
 
 class ComputeAwarePolicy(Policy):
@@ -106,7 +137,8 @@ class ComputeAwarePolicy(Policy):
     def choose(self, r: int, t: int) -> Choice:
         cl = self.cluster
         req = self.trace.requests[r]
-        cost = cl.inst_rtt[self.trace.ingress[r]] + cl.waits(t) + cl.prefill_ms(req.input_length, 0)
+        x = int(self.trace.ingress[r])
+        cost = cl.inst_rtt[x] + cl.waits_for(t, x) + cl.prefill_ms(req.input_length, 0)
         return Choice(self._least(t, np.arange(len(cl.caches)), cost))
 
 
@@ -122,7 +154,8 @@ class OraclePolicy(Policy):
         keys = self.trace.key_lists[r]
         n = len(cl.caches)
         hits = [cl.lookup(i, keys) for i in range(n)]
-        base = cl.inst_rtt[self.trace.ingress[r]] + cl.waits(t)
+        x = int(self.trace.ingress[r])
+        base = cl.inst_rtt[x] + cl.waits_for(t, x)
         total = np.array(
             [
                 base[i] + cl.fetch_ms(h.tiers) + cl.prefill_ms(req.input_length, h.depth)

@@ -83,6 +83,7 @@ class Scenario:
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
     arrival_spread: bool  # requests sharing a trace timestamp arrive evenly until the next
+    physical_arrival: bool  # a request joins its queue one one-way delay after it is routed
     seed: int
     secret: bytes
     model_id: str
@@ -153,6 +154,7 @@ class Scenario:
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
                 arrival_spread=bool(d.get("arrival_spread", False)),
+                physical_arrival=bool(d.get("physical_arrival", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -255,6 +257,7 @@ class Scenario:
             "remote_margin_ms": self.remote_margin_ms,
             "overflow_signal": self.overflow_signal,
             "arrival_spread": self.arrival_spread,
+            "physical_arrival": self.physical_arrival,
             "seed": self.seed,
             "model_id": self.model_id,
         }
@@ -392,6 +395,7 @@ _OPTIONAL = {
     "remote_margin_ms",
     "overflow_signal",
     "arrival_spread",
+    "physical_arrival",
     "seed",
     "secret",
     "model_id",
