@@ -603,28 +603,43 @@ OVERTAKE = [
 
 
 @pytest.mark.parametrize(
-    "physical, inst, ttft, wait",
-    [
-        (False, [2, 2, 3], [17, 14, 101], [0, 0, 0]),
-        (True, [2, 2, 2], [17, 109.5, 101], [0, 95.5, 0]),
-    ],
+    "physical, inst, hits, ttft",
+    [(False, [2, 2, 3], [0, 3, 0], [17, 14, 101]), (True, [2, 3, 2], [0, 0, 0], [17, 26, 101])],
 )
-def test_oracle_routed_and_physical_arrival_by_hand(physical, inst, ttft, wait):
+def test_oracle_routed_and_physical_arrival_by_hand(physical, inst, hits, ttft):
     # p0 t=0: all idle and empty: B1 1+0+16 = 17 (ties B2, lowest index)
     # p1 t=2000 from A: B1 holds 3 of its blocks, 10+0+4 = 14 beats A1's 1+0+16 = 17 -> B1
     # p2 t=2000 from B: routed, p1 already joined B1 (busy until 2004): B2, 101.
-    #   Physical: p1 is still on its way (it reaches B1 at 2005), p2 would reach B1 at
-    #   2000.5, ahead of it: no wait for p2 at B1 -> B1 (ties B2), 101; p1 then arrives
-    #   behind p2's 100 ms: 10 + (2100.5 - 2005) + 4 = 109.5. The oracle's exact state
-    #   cannot know of a request routed after its own decision.
+    #   Physical: p1 is still on its way (it reaches site B at 2005), p2 reaches B1 at
+    #   2000.5, ahead of it: no wait for p2 at B1 -> B1 (ties B2), 101. The oracle placed
+    #   p1 at site B; on arrival B1 waits 95.5 ms (10+95.5+4 = 109.5), B2 none: B2,
+    #   10+0+16 = 26 (binding B1 at the ingress would have given 109.5).
     sc = mini(ingress_index=3, physical_arrival=physical)
     assert prepared(sc, OVERTAKE).ingress.tolist() == [1, 0, 1]
-    got_inst, hits, got_ttft, r = outcome("oracle", sc, requests=OVERTAKE)
+    got_inst, got_hits, got_ttft, r = outcome("oracle", sc, requests=OVERTAKE)
     assert got_inst == inst
-    assert hits == [0, 3, 0]
+    assert got_hits == hits
     assert got_ttft == pytest.approx(ttft)
-    assert r.wait_ms.tolist() == pytest.approx(wait)
+    assert r.wait_ms.tolist() == [0, 0, 0]
     assert r.rtt_ms.tolist() == [1, 10, 1]
+
+
+def test_physical_waits_count_work_in_flight_that_arrives_first():
+    cl = Cluster(mini(physical_arrival=True))
+    cl.free_at[2] = 2003.0  # B1 busy until 2003
+    cl.expect(2, 2004.0, 1, 10.0)  # 10 ms of work reaching B1 at 2004
+    cl.expect(2, 2009.0, 2, 7.0)  # and 7 more at 2009
+    # from A (B1 is 5 ms away), routed at 2000: arrives 2005, behind the first: 2014
+    assert cl.waits_for(2000, 0)[2] == pytest.approx(9.0)
+    # from B (0.5 ms away), routed at 2000: arrives 2000.5, ahead of both: 2003
+    assert cl.waits_for(2000, 1)[2] == pytest.approx(2.5)
+    # routed at 2004.5 from A: arrives 2009.5, behind both (2014, then 2021)
+    assert cl.waits_for(2004.5, 0)[2] == pytest.approx(11.5)
+    cl.landed(2, 2004.0, 1)
+    assert cl.inflight[2] == [(2009.0, 2, 7.0)]
+    routed = Cluster(mini())
+    routed.expect(0, 1.0, 1, 50.0)  # the routed model has nothing in flight to count
+    assert routed.waits_for(0, 0).tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("physical", [False, True])

@@ -144,11 +144,38 @@ class ComputeAwarePolicy(Policy):
 
 class OraclePolicy(Policy):
     """Exact, instant knowledge; the selector's cost model on it; ties to the lowest index
-    (as the selector's stable sort over its slots)."""
+    (as the selector's stable sort over its slots).
+
+    In the physical arrival model the oracle binds late, as the two-level decision does:
+    the site is fixed when the request leaves its ingress, and a request bound for
+    another site is placed on one of that site's instances when it gets there, on the
+    exact state of that moment. (Binding the instance at the ingress instead loses to
+    requests routed later that arrive first.) In the routed model both are the same."""
 
     name = "oracle"
 
     def choose(self, r: int, t: int) -> Choice:
+        total, source, hits = self._costs(r, t)
+        best = int(np.argmin(total))
+        return Choice(best, None if source[best] < 0 else int(source[best]), hits[best])
+
+    def route(self, r: int, t: int) -> Choice | Handoff:
+        choice = self.choose(r, t)
+        cl = self.cluster
+        x, s = int(self.trace.ingress[r]), int(cl.site[choice.instance])
+        if not cl.physical or s == x:
+            return choice
+        return Handoff(s, cl.arrival_ms(x, choice.instance, t), t, None)
+
+    def arrive(self, r: int, handoff: Handoff) -> Choice:
+        total, source, hits = self._costs(r, handoff.sent_ms)
+        here = np.nonzero(self.cluster.site == handoff.site)[0]
+        best = int(here[np.argmin(total[here])])
+        return Choice(best, None if source[best] < 0 else int(source[best]), hits[best])
+
+    def _costs(self, r: int, t: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Each instance's estimated TTFT for request r routed at t, the instance it
+        would pull from (-1: none), and the prefix it holds."""
         cl = self.cluster
         req = self.trace.requests[r]
         keys = self.trace.key_lists[r]
@@ -175,8 +202,7 @@ class OraclePolicy(Policy):
                     cand = base[i] + cl.pull_ms(src, i, tiers) + remote_prefill
                     if cand < total[i]:
                         total[i], source[i] = cand, src
-        best = int(np.argmin(total))
-        return Choice(best, None if source[best] < 0 else int(source[best]), hits[best].depth)
+        return total, source, [h.depth for h in hits]
 
 
 class CatsprotoPolicy(Policy):
