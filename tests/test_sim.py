@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import itertools
+import os
 from collections import deque
 
 import numpy as np
@@ -719,3 +720,14 @@ def test_forget_undoes_one_entry_by_time_and_size():
     assert not pend.remove(Table(), 0, 4, 3.0)  # type: ignore[arg-type]  # never logged
     assert not pend.remove(Table(), 0, 7, 1.0)  # type: ignore[arg-type]  # other size
     assert list(pend.log[0]) == [(5, 3.0), (7, 8.0), (9, 1.0)]
+
+
+def test_the_trace_in_the_repository_is_the_published_one():
+    import hashlib
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "traces"
+    digest = hashlib.sha256((folder / "mooncake-conversation.jsonl").read_bytes()).hexdigest()
+    assert digest in (folder / "README.md").read_text()
+    assert digest == "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
+    assert find_trace().parent == folder or os.environ.get("CATSPROTO_TRACES")

@@ -31,10 +31,12 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 def find_trace(name: str = MOONCAKE) -> Path:
-    """Where a shared trace lives: $CATSPROTO_TRACES, then ../shared/traces beside the
-    checkout, then /work/shared/traces. Raises TraceFormatError naming every place tried."""
+    """Where a trace lives: $CATSPROTO_TRACES, then the repository's data/traces, then
+    ../shared/traces beside the checkout, then /work/shared/traces. Raises
+    TraceFormatError naming every place tried."""
     places = [
         *([Path(os.environ["CATSPROTO_TRACES"])] if os.environ.get("CATSPROTO_TRACES") else []),
+        _REPO / "data" / "traces",
         _REPO.parent / "shared" / "traces",
         Path.cwd().parent / "shared" / "traces",
         Path("/work/shared/traces"),
