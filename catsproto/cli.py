@@ -125,7 +125,8 @@ def codec_demo() -> int:
                 attr[: 4 if attr[0] & wire.FLAG_EXTENDED_LENGTH else 3].hex(" "),
                 f"cs {adv.origin.cs_id} {adv.origin.address}",
                 f"{adv.sequence.epoch}/{adv.sequence.sequence}",
-                ",".join(f"{e.tier.name.lower()}:{e.kind.name.lower()}" for e in tiers) or "-",
+                ",".join(f"{e.tier.name.lower()}:{wire.summary_kind_name(e.kind)}" for e in tiers)
+                or "-",
                 "exact" if same else "MISMATCH",
             ]
         )

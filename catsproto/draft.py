@@ -23,7 +23,17 @@ from typing import Any
 
 from catsproto import wire
 from catsproto.wire.buffer import Reader
-from catsproto.wire.fields import Address, Blob, EnumCodec, Float64, Items, Record, Text, UInt
+from catsproto.wire.fields import (
+    Address,
+    Blob,
+    EnumCodec,
+    Float64,
+    Items,
+    OpenEnumCodec,
+    Record,
+    Text,
+    UInt,
+)
 
 JSON = Any
 ART_WIDTH = 66  # artwork lines; xml2rfc indents them by 3 in a 72-column page
@@ -63,6 +73,8 @@ class _Annotator:
 
 def _show(name: str, value: Any, codec: Any) -> str:
     if isinstance(codec, EnumCodec):
+        if not isinstance(value, codec.enum_type):  # an open enum's unnamed code, kept
+            return f"{int(value)} (not registered)"
         return f"{int(value)} ({value.name.lower()})"
     if isinstance(codec, Address):
         return str(value)
@@ -112,7 +124,7 @@ def _annotate_record(cls: type[Record], r: Reader, data: bytes, out: _Annotator,
             out.field(data[at : r.offset], f"{name} {ipaddress.ip_address(raw)}", depth)
             continue
         value = codec.read(r, name)
-        if isinstance(codec, EnumCodec):
+        if isinstance(codec, EnumCodec) and not isinstance(codec, OpenEnumCodec):
             value = codec.enum_type(value)
         out.field(data[start : r.offset], f"{name} = {_show(name, value, codec)}", depth)
 
@@ -374,8 +386,8 @@ def vectors_markdown(wire_vectors: JSON, key_vectors: JSON, security_vectors: JS
     out = [VECTORS_BEGIN, "", "# Test Vectors {#vectors}", ""]
     out.append(
         "These vectors are generated from the files in tests/vectors/ of the "
-        "implementation ({{impl}}), which its code writes; the draft is checked "
-        "against them whenever the implementation's tests run."
+        "implementation, which its code writes; the draft is checked against them "
+        "whenever the implementation's tests run."
     )
     out.append("")
     out += _wire_section(wire_vectors)

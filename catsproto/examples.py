@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
+
+from catsproto.summary import Summary
 from catsproto.wire import (
     Advertisement,
     AeadAlgorithm,
@@ -98,7 +101,9 @@ def _metrics() -> list:
     ]
 
 
-def _summary(tier: Tier, kind: SummaryKind, body_len: int, latency_us: int, mbps: int):
+def _summary(
+    tier: Tier, kind: SummaryKind | int, body_len: int, latency_us: int, mbps: int, params=b""
+):
     return SummaryEntry(
         tier=tier,
         kind=kind,
@@ -110,8 +115,22 @@ def _summary(tier: Tier, kind: SummaryKind, body_len: int, latency_us: int, mbps
         bytes_per_block=LLAMA_8B_BYTES_PER_BLOCK,
         fetch_latency_us=latency_us,
         fetch_bandwidth_mbps=mbps,
-        params=b"",
-        body=_filler(f"{tier.name}-{kind.name}", body_len),
+        params=params,
+        body=_filler(f"{tier.name}-{getattr(kind, 'name', kind)}", body_len),
+    )
+
+
+# Block keys of the one example whose summary body is real (an exact set, kind 1).
+EXACT_KEYS = (0x0123456789ABCDEF, 0x13579BDF2468ACE0, 0x8899AABBCCDDEEFF, 0xFEDCBA9876543210)
+
+
+def _exact_summary(tier: Tier, keys: tuple[int, ...], latency_us: int, mbps: int):
+    summary = Summary.build(np.array(keys, dtype=np.uint64), 0.0, kind=SummaryKind.EXACT)
+    return replace(
+        _summary(tier, SummaryKind.EXACT, 0, latency_us, mbps),
+        entry_count=len(keys),
+        params=summary.params(),
+        body=summary.encode(),
     )
 
 
@@ -199,6 +218,23 @@ def examples() -> list[Example]:
                     ),
                 ),
                 Signature(SignatureAlgorithm.ED25519, _filler("node-key-id", 8), _filler("s", 64)),
+            ),
+        ),
+        Example(
+            "unknown-summary-kind",
+            "Two summaries: in HBM an exact set of four keys (a real Rice-coded body), in "
+            "DRAM one of kind 200, which no registry names (placeholder params and body). "
+            "The attribute is well formed: a receiver ignores the DRAM entry, uses the HBM "
+            "one, and passes both on unchanged.",
+            Advertisement.build(
+                *_header("192.0.2.15", seq=44),
+                cache_model,
+                CacheSummaries(
+                    (
+                        _exact_summary(Tier.HBM, EXACT_KEYS, 5, 800_000),
+                        _summary(Tier.DRAM, 200, 8, 40, 200_000, params=b"\x01\x02"),
+                    )
+                ),
             ),
         ),
     ]

@@ -76,6 +76,15 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         33,
     ),
     (
+        "summary-kind-zero",  # kind 0 is reserved; unnamed kinds 1..255 are kept
+        HEADER
+        + " 0021 002d 002b 01 00 00000001 00000000 0000000000000000 ffffffffffffffff"
+        + " 00000000 00040000 00000005 000c3500 00",
+        wire.BadValueError,
+        58,
+        33,
+    ),
+    (
         "ed25519-signature-short",
         HEADER + " 00ff 0042 01 01 61 " + "ab" * 63,
         wire.BadLengthError,

@@ -196,3 +196,42 @@ def test_draft_command_checks_the_appendix(capsys):
     from catsproto import cli
 
     assert cli.main(["draft", "vectors", "--check"]) == 0
+
+
+# ---- what the draft says about the vectors holds in the code ---------------------------
+
+
+def test_unknown_kind_vector_is_kept_and_only_its_entry_is_ignored():
+    """The draft: an entry of an unknown Kind is ignored, the others are used, and the
+    attribute is passed on unchanged."""
+    from catsproto.examples import EXACT_KEYS
+    from catsproto.selector.rib import RIB
+    from catsproto.summary.versioning import Outcome
+
+    vector = next(
+        v
+        for v in json.loads((VECTORS / "wire.json").read_text())["positive"]
+        if v["name"] == "unknown-summary-kind"
+    )
+    value = bytes.fromhex(vector["hex"])
+    adv = wire.decode(value)
+    assert wire.encode(adv) == value  # passed on octet for octet
+    kinds = [e.kind for e in adv.cache_summaries.entries]
+    assert kinds == [wire.SummaryKind.EXACT, 200] and not isinstance(kinds[1], wire.SummaryKind)
+    result = RIB().accept(adv, adv.timestamp_ms)
+    outcomes = {tier: outcome for tier, _, outcome in result.outcomes}
+    assert outcomes[wire.Tier.HBM] == Outcome.SNAPSHOT.value
+    assert outcomes[wire.Tier.DRAM].startswith("rejected") and "200" in outcomes[wire.Tier.DRAM]
+    hbm = result.instance.tiers[wire.Tier.HBM].shards[(0, (1 << 64) - 1)]
+    assert all(k in hbm.state for k in EXACT_KEYS) and 5 not in hbm.state
+
+
+def test_summary_kind_zero_is_malformed_both_ways():
+    """Kind 0 is reserved: the encoder refuses it and so does the decoder (both paths)."""
+    vector = next(
+        v
+        for v in json.loads((VECTORS / "wire.json").read_text())["negative"]
+        if v["name"] == "summary-kind-zero"
+    )
+    with pytest.raises(wire.BadValueError, match="kind 0"):
+        wire.decode(bytes.fromhex(vector["hex"]))

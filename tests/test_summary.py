@@ -285,3 +285,14 @@ def test_packing_choice() -> None:
     assert m**g <= 2**b and 1 / m <= 0.95 / 256
     assert choose_packing(1e-12) is None
     assert choose_packing(0.6) == (2, 1, 1)
+
+
+def test_fuse_alphabet_fits_its_u32_field_at_the_tightest_targets():
+    """m is a u32 on the wire: a target that needs m between 2^31 and 2^32-1 must still
+    give a filter that encodes (it once chose m = 2^32 and failed to write its params)."""
+    assert choose_packing(3e-10)[0] == (1 << 32) - 1
+    assert choose_packing(2e-10) is None  # would need m above 2^32-1
+    keys = np.arange(1, 2_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    s = Summary.build(keys, 3e-10, kind=3, seed=1)
+    back = Summary.decode(3, s.params(), s.encode())
+    assert back.same_bytes(s) and bool(back.contains_many(keys).all())

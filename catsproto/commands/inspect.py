@@ -103,7 +103,9 @@ def _row(f: pcap.Finding) -> list[str]:
     seq = f"{adv.sequence.epoch}/{adv.sequence.sequence}"
     summaries = adv.cache_summaries
     if summaries is not None:
-        tiers = ",".join(f"{e.tier.name.lower()}:{e.kind.name.lower()}" for e in summaries.entries)
+        tiers = ",".join(
+            f"{e.tier.name.lower()}:{wire.summary_kind_name(e.kind)}" for e in summaries.entries
+        )
         blocks = str(sum(e.entry_count for e in summaries.entries))
     elif adv.get(wire.SealedCache) is not None:
         tiers, blocks = "sealed", "?"

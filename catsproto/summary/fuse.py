@@ -55,7 +55,7 @@ from catsproto.summary.hashing import GOLDEN, mix64_int, seeded
 
 DESIGN_MARGIN = 0.95
 MAX_GROUP = 8
-MAX_ALPHABET = 1 << 32
+MAX_ALPHABET = (1 << 32) - 1  # m is a u32 on the wire
 MAX_SEG_LOG2 = 16
 PARAMS_LEN = 20
 _ATTEMPTS_PER_SIZE = 3  # seeds tried at one table size before growing it ...
@@ -77,7 +77,7 @@ def int_root_floor(value: int, g: int) -> int:
 def choose_packing(target_fpr: float) -> tuple[int, int, int] | None:
     """(m, g, b) with fewest bits per slot b/g such that 1/m <= DESIGN_MARGIN * target.
 
-    Ties go to the smaller group. None if the target needs an alphabet above 2^32.
+    Ties go to the smaller group. None if the target needs an alphabet above 2^32-1 (m is a u32).
     """
     need = math.ceil(1.0 / (DESIGN_MARGIN * target_fpr))
     need = max(2, need)
@@ -316,7 +316,7 @@ class FuseSummary(Summary):
         if segments < arity:
             raise SummaryDecodeError(f"fuse segments {segments} below arity {arity}", 2)
         if not 2 <= m <= MAX_ALPHABET:
-            raise SummaryDecodeError(f"fuse alphabet {m} outside 2..2^32", 6)
+            raise SummaryDecodeError(f"fuse alphabet {m} outside 2..2^32-1", 6)
         if not 1 <= g <= MAX_GROUP:
             raise SummaryDecodeError(f"fuse group {g} outside 1..{MAX_GROUP}", 10)
         if not 1 <= b <= 64:

@@ -42,6 +42,7 @@ from catsproto.wire.codes import (
     Tier,
     TLVType,
     Unit,
+    summary_kind_name,
     tlv_name,
 )
 from catsproto.wire.errors import (

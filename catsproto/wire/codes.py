@@ -59,6 +59,12 @@ class SummaryKind(enum.IntEnum):
     DELTA = 4
 
 
+def summary_kind_name(kind: int) -> str:
+    """Name of a summary kind for messages (`kind-200` for a code the enum does not name;
+    the codec keeps such entries, see `SummaryEntry.kind`)."""
+    return kind.name.lower() if isinstance(kind, SummaryKind) else f"kind-{int(kind)}"
+
+
 class KeyScheme(enum.IntEnum):
     """How block keys are derived from tokens (see `catsproto.keys`)."""
 

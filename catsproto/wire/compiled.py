@@ -90,7 +90,8 @@ def _is_fixed(cls: type[Record]) -> bool:
 
 def _convert(src: _Source, ind: int, codec: FieldCodec, v: str) -> None:
     """Lines that range-check (and for enums, replace) the freshly unpacked `v`."""
-    if isinstance(codec, OpenEnumCodec):  # any code; known ones become members
+    if isinstance(codec, OpenEnumCodec):  # any code in range; known ones become members
+        _convert(src, ind, codec.inner, v)
         members = src.const("M", codec.members)
         src.emit(ind, f"{v} = {members}.get({v}, {v})")
     elif isinstance(codec, EnumCodec):  # an unknown code raises KeyError: fallback

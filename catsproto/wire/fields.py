@@ -139,6 +139,7 @@ class OpenEnum:
 
 class OpenEnumCodec(EnumCodec):
     def convert(self, value: int, name: str, at: int, tlv_type: int | None) -> int:
+        value = self.inner.convert(value, name, at, tlv_type)  # the range still applies
         return self.members.get(value, value)
 
     def check(self, value: Any, name: str) -> None:
