@@ -625,6 +625,23 @@ def test_oracle_routed_and_physical_arrival_by_hand(physical, inst, hits, ttft):
     assert r.rtt_ms.tolist() == [1, 10, 1]
 
 
+SWAMP = [*OVERTAKE, TraceRequest(2000, 100, 1, (21, 23, 25, 27))]  # p3 ingress B
+
+
+def test_physical_oracle_hands_back_a_request_whose_site_filled_up_by_hand():
+    # As above, and p3 (ingress B, 100 tokens) takes B2: both of B's instances busy
+    # until 2100.5 when p1 (from A) reaches site B at 2005: B1 10+95.5+4 = 109.5 there,
+    # against going back to A, arriving 2010.5: A1 1+10+0+16 = 27 -> handed back: A1, 27.
+    sc = mini(ingress_index=3, physical_arrival=True)
+    assert prepared(sc, SWAMP).ingress.tolist() == [1, 0, 1, 1]
+    inst, hits, ttft, r = outcome("oracle", sc, requests=SWAMP)
+    assert inst == [2, 0, 2, 3]
+    assert hits == [0, 0, 0, 0]
+    assert ttft == pytest.approx([17, 27, 101, 101])
+    assert r.rtt_ms.tolist() == [1, 11, 1, 1]  # the detour is in the round trip
+    assert r.wait_ms.tolist() == [0, 0, 0, 0]
+
+
 def test_physical_waits_count_work_in_flight_that_arrives_first():
     cl = Cluster(mini(physical_arrival=True))
     cl.free_at[2] = 2003.0  # B1 busy until 2003

@@ -146,11 +146,14 @@ class OraclePolicy(Policy):
     """Exact, instant knowledge; the selector's cost model on it; ties to the lowest index
     (as the selector's stable sort over its slots).
 
-    In the physical arrival model the oracle binds late, as the two-level decision does:
-    the site is fixed when the request leaves its ingress, and a request bound for
-    another site is placed on one of that site's instances when it gets there, on the
-    exact state of that moment. (Binding the instance at the ingress instead loses to
-    requests routed later that arrive first.) In the routed model both are the same."""
+    In the physical arrival model the oracle binds late and may hand back, as the
+    two-level decision does: the site is fixed when the request leaves its ingress, and a
+    request bound for another site is placed on one of that site's instances when it
+    gets there, on the exact state of that moment, unless going back to its ingress's
+    site (the detour added) is faster, in which case it is placed there on its return.
+    (Binding the instance at the ingress instead loses to requests routed later that
+    arrive first.) In the routed model none of this arises: the state does not change
+    between routing and arrival."""
 
     name = "oracle"
 
@@ -167,13 +170,29 @@ class OraclePolicy(Policy):
             return choice
         return Handoff(s, cl.arrival_ms(x, choice.instance, t), t, None)
 
-    def arrive(self, r: int, handoff: Handoff) -> Choice:
-        total, source, hits = self._costs(r, handoff.sent_ms)
-        here = np.nonzero(self.cluster.site == handoff.site)[0]
+    def arrive(self, r: int, handoff: Handoff) -> Choice | Handoff:
+        cl = self.cluster
+        total, source, hits = self._costs(r, handoff.sent_ms + handoff.extra_rtt_ms)
+        here = np.nonzero(cl.site == handoff.site)[0]
         best = int(here[np.argmin(total[here])])
+        if handoff.bounced:
+            return Choice(
+                best,
+                None if source[best] < 0 else int(source[best]),
+                hits[best],
+                extra_rtt_ms=handoff.extra_rtt_ms,
+            )
+        x = int(self.trace.ingress[r])
+        if handoff.site != x:
+            detour = float(cl.rtt[x, handoff.site])
+            back, _, _ = self._costs(r, handoff.sent_ms + detour)
+            home = np.nonzero(cl.site == x)[0]
+            if float(back[home].min()) + detour < float(total[best]):
+                at = handoff.at_ms + detour / 2
+                return Handoff(x, at, handoff.sent_ms, None, extra_rtt_ms=detour, bounced=True)
         return Choice(best, None if source[best] < 0 else int(source[best]), hits[best])
 
-    def _costs(self, r: int, t: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def _costs(self, r: int, t: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Each instance's estimated TTFT for request r routed at t, the instance it
         would pull from (-1: none), and the prefix it holds."""
         cl = self.cluster
