@@ -91,7 +91,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = p.add_subparsers(dest="draft_command", required=True)
     r = sub.add_parser("render", help="write .xml, .txt and .html (default drafts/build)")
-    r.add_argument("--out", type=Path, help="output directory")
+    r.add_argument(
+        "--out",
+        type=Path,
+        help="directory for the .xml, .txt and .html (default: drafts/build of the checkout)",
+    )
     r.set_defaults(func=cmd_render)
     v = sub.add_parser("vectors", help="write drafts/vectors.md from tests/vectors/*.json")
     v.add_argument("--check", action="store_true", help="fail if the file is out of date")

@@ -279,17 +279,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--root", help="where run directories live (default /run/catsproto)")
-        p.add_argument("--tag", help="which lab, when several run")
+    find_root = (
+        "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
+        "a loopback lab started without --root is under /tmp/catsproto-lab)"
+    )
+
+    unused_tag = "not used here: a new lab picks its own tag"
+
+    def common(
+        p: argparse.ArgumentParser,
+        root_help: str = find_root,
+        tag_help: str = "which lab (its run directory's name), when several run",
+    ) -> None:
+        p.add_argument("--root", help=root_help)
+        p.add_argument("--tag", help=tag_help)
 
     p = sub.add_parser("up", help="build the topology and start its daemons")
     p.add_argument("topology", nargs="?", help="a .clab.yml file, or cats3 / cats4 / catsrr")
     p.add_argument("--topology", dest="topology_option", metavar="TOPOLOGY", help="the same")
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
-    p.add_argument("--interval", type=float, default=2.0, help="instance update interval (s)")
-    common(p)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        help="seconds between the modelled instances' cache updates",
+    )
+    common(
+        p,
+        "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
+        "in loopback mode /tmp/catsproto-lab)",
+        unused_tag,
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("status", help="sessions and the receiver's cache state")
@@ -299,8 +320,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capture", help="tcpdump one link into a pcap")
     p.add_argument("link", help="link index, node:iface, or nodeA-nodeB")
     p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--filter", default="tcp port 179")
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="how long to capture (Ctrl-C stops sooner)"
+    )
+    p.add_argument(
+        "--filter", default="tcp port 179", help="tcpdump filter expression (one argument)"
+    )
     common(p)
     p.set_defaults(func=cmd_capture)
 
@@ -310,14 +335,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("demo", help="up, show advertisements flowing, down")
-    p.add_argument("topology", nargs="?", default=str(DEFAULT_TOPOLOGY))
+    p.add_argument(
+        "topology",
+        nargs="?",
+        default=str(DEFAULT_TOPOLOGY),
+        help="a .clab.yml file, or cats3 / cats4 / catsrr (default: lab/cats4.clab.yml)",
+    )
     p.add_argument("--embedded", action="store_true", help="loopback mode even as root")
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the modelled instances' cache updates; the demo looks "
+        "again 1.5 intervals after the first table",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="how long to wait for routes")
-    common(p)
+    common(
+        p,
+        "where the run directory lives while the demo runs (default: $CATSPROTO_LAB_ROOT, "
+        "else /run/catsproto; /tmp/catsproto-lab in loopback mode without root)",
+        unused_tag,
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("node", help="(in a container) run one node of a topology")
-    p.add_argument("--topology", required=True)
-    p.add_argument("--node", help="default: $CATSPROTO_NODE")
+    p.add_argument(
+        "--topology",
+        required=True,
+        help="the topology the container belongs to: a .clab.yml file, or cats3 / cats4 / catsrr",
+    )
+    p.add_argument("--node", help="the node's name in it (default: $CATSPROTO_NODE)")
     p.set_defaults(func=cmd_node)

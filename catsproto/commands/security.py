@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cs-id", type=int, action="append", required=True, help="repeatable")
     p.add_argument("--route", action="append", required=True, help="prefix; repeatable")
     p.add_argument("--address", action="append", required=True, help="instance address")
-    p.add_argument("--days", type=float, default=30.0, help="validity (default 30)")
+    p.add_argument("--days", type=float, default=30.0, help="days of validity")
     p.add_argument("--not-before-ms", type=int, help="start of validity (default now)")
     p.set_defaults(func=cmd_authorize)
 
@@ -170,7 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_trust)
 
     p = sub.add_parser("sign", help="sign an attribute value (hex or raw) for one route")
-    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--key", required=True, help="node private key file")
     p.add_argument("--route", required=True, help="the prefix the value is announced on")
     p.add_argument("--delegation", help="carry this delegation (JSON file) in the value")
@@ -179,7 +179,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="GROUP_KEY",
-        help="encrypt the cache section for holders of this group key",
+        help="group key file to encrypt the cache section with, for the selectors holding it; "
+        "repeatable up to twice: the first is the active key, which seals; the second is "
+        "the standby key (read and checked: another key id; it does not seal)",
     )
     add_type_code(p)
     p.set_defaults(func=cmd_sign)
@@ -187,13 +189,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="verify a signed value: exit 0 if accepted, 1 with the reason if not"
     )
-    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--trust", required=True, help="trust store file (catsproto-trust/1)")
     p.add_argument("--route", required=True, help="the prefix the value arrived on")
     p.add_argument("--now-ms", type=int, help="verification time (default now)")
-    p.add_argument("--max-age-ms", type=int, default=120_000)
-    p.add_argument("--max-future-ms", type=int, default=5_000)
-    p.add_argument("--group-key", action="append", default=[], help="group key file(s)")
+    p.add_argument(
+        "--max-age-ms",
+        type=int,
+        default=120_000,
+        help="refuse a value whose timestamp is more than this many ms before --now-ms",
+    )
+    p.add_argument(
+        "--max-future-ms",
+        type=int,
+        default=5_000,
+        help="refuse a value whose timestamp is more than this many ms after --now-ms",
+    )
+    p.add_argument(
+        "--group-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="group key file to open a sealed cache section; give it at most twice: the "
+        "active key first, then a standby key (either opens)",
+    )
     add_type_code(p)
     p.add_argument("--show", action="store_true", help="print the verified advertisement too")
     p.set_defaults(func=cmd_verify)

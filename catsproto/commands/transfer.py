@@ -154,7 +154,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "transfer",
         help="serve or pull KV blocks over TLS 1.3 with mutual authentication",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tsub = p.add_subparsers(dest="transfer_command", required=True)
 
@@ -177,6 +176,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--from", dest="source", required=True, help="holder HOST:PORT")
     q.add_argument("--synthetic", required=True, help="SEED:COUNT of the prefix to pull")
     q.add_argument("--holder", help="the holder's key id (hex): refuse any other node")
-    q.add_argument("--transfer-id", type=int, default=1)
-    q.add_argument("--timeout", type=float, default=30.0)
+    q.add_argument(
+        "--transfer-id",
+        type=int,
+        default=1,
+        help="the id this pull carries in its PULL frame; the holder's answers echo it",
+    )
+    q.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the connection and for each read before giving up",
+    )
     q.set_defaults(func=cmd_pull)
