@@ -301,10 +301,20 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("instance", help="the modelled inference instance and its node")
+    p = subparsers.add_parser(
+        "instance", help="the modelled inference instance and its node", description=__doc__
+    )
     sub = p.add_subparsers(dest="instance_command", required=True, metavar="ACTION")
 
-    s = sub.add_parser("serve", help="modelled engine (HTTP, vLLM KV events) plus its node")
+    s = sub.add_parser(
+        "serve",
+        help="modelled engine (HTTP, vLLM KV events) plus its node",
+        description="Run the modelled inference engine: an HTTP API on --host and --port, "
+        "vLLM-format KV events on ZMQ (--pub-endpoint, --replay-endpoint). Unless "
+        "--no-node, the node (C-SMA) in the same process ingests those events and builds "
+        "advertisements (unsigned; written to --adverts-out). Prints its endpoints as JSON "
+        "on stderr; runs until SIGINT or SIGTERM.",
+    )
     s.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on")
     s.add_argument("--port", type=int, default=8100, help="port of the HTTP API (0: any)")
     s.add_argument(
@@ -333,7 +343,13 @@ def register(subparsers: Any) -> None:
     _common(s, secret_required=False)
     s.set_defaults(func=_serve_checked)
 
-    n = sub.add_parser("node", help="the node alone, fed by a real vLLM's KV events")
+    n = sub.add_parser(
+        "node",
+        help="the node alone, fed by a real vLLM's KV events",
+        description="Run the node (C-SMA) alone, subscribed to a real vLLM's KV events (the "
+        "endpoints of its --kv-events-config, one pair per data-parallel rank); it builds "
+        "advertisements (unsigned; written to --adverts-out) until SIGINT or SIGTERM.",
+    )
     n.add_argument("--endpoint", required=True, help="vLLM's kv-events endpoint")
     n.add_argument("--replay-endpoint", help="vLLM's replay endpoint")
     n.add_argument("--engine-host", default="127.0.0.1", help="replaces * in the endpoints")

@@ -294,7 +294,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--root", help=root_help)
         p.add_argument("--tag", help=tag_help)
 
-    p = sub.add_parser("up", help="build the topology and start its daemons")
+    p = sub.add_parser(
+        "up",
+        help="build the topology and start its daemons",
+        description="Build a containerlab topology without Docker. As root: a network "
+        "namespace per node, veth links with their shaping, and ExaBGP, FRR and BIRD in "
+        "them. Without root (or with --embedded): ExaBGP speakers on loopback addresses "
+        "peering directly, no transit. Either way modelled instances feed the speakers "
+        "unless --no-feed. Prints the lab's tag and run directory.",
+    )
     p.add_argument("topology", nargs="?", help="a .clab.yml file, or cats3 / cats4 / catsrr")
     p.add_argument("--topology", dest="topology_option", metavar="TOPOLOGY", help="the same")
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
@@ -313,11 +321,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("status", help="sessions and the receiver's cache state")
+    p = sub.add_parser(
+        "status",
+        help="sessions and the receiver's cache state",
+        description="Show a running lab: its processes, the link shaping, every node's BGP "
+        "sessions, and the cache state in each receiver's RIB (what its path selector "
+        "uses).",
+    )
     common(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("capture", help="tcpdump one link into a pcap")
+    p = sub.add_parser(
+        "capture",
+        help="tcpdump one link into a pcap",
+        description="Run tcpdump on one end of a link of a running lab (inside its "
+        "namespace) for --seconds and write what it sees to a pcap file; by default BGP "
+        "only (tcp port 179). `catsproto inspect` decodes the result.",
+    )
     p.add_argument("link", help="link index, node:iface, or nodeA-nodeB")
     p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
     p.add_argument(
@@ -329,12 +349,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common(p)
     p.set_defaults(func=cmd_capture)
 
-    p = sub.add_parser("down", help="stop the daemons and remove the namespaces")
+    p = sub.add_parser(
+        "down",
+        help="stop the daemons and remove the namespaces",
+        description="Stop a running lab's processes by PID, remove its namespaces and its "
+        "run directory; with --all, every lab under --root.",
+    )
     p.add_argument("--all", action="store_true", help="every lab under --root")
     common(p)
     p.set_defaults(func=cmd_down)
 
-    p = sub.add_parser("demo", help="up, show advertisements flowing, down")
+    p = sub.add_parser(
+        "demo",
+        help="up, show advertisements flowing, down",
+        description="Bring a topology up (namespaces with FRR and BIRD as root, loopback "
+        "otherwise), wait until every instance's advertisement reached the receiver, show "
+        "its RIB, and again after the caches changed, ask the path selector where each "
+        "site's cached conversation goes, then tear the lab down.",
+    )
     p.add_argument(
         "topology",
         nargs="?",
@@ -358,7 +390,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("node", help="(in a container) run one node of a topology")
+    p = sub.add_parser(
+        "node",
+        help="(in a container) run one node of a topology",
+        description="The entrypoint of a containerlab container: shape this node's links, "
+        "render its daemons' configuration from the topology and run them (ExaBGP, FRR or "
+        "BIRD) until one exits.",
+    )
     p.add_argument(
         "--topology",
         required=True,

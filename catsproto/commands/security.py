@@ -130,7 +130,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "keygen", help="new Ed25519 key file (or --group ID: an AEAD group key), mode 0600"
+        "keygen",
+        help="new Ed25519 key file (or --group ID: an AEAD group key), mode 0600",
+        description="Create a new Ed25519 key file and print its public half as JSON; with "
+        "--group KEY_ID, an AEAD group key file (for sealing cache sections) instead. The "
+        "file is created with mode 0600 and never overwritten.",
     )
     p.add_argument("out", help="file to create (refuses to overwrite)")
     p.add_argument("--name", default="", help="a label stored with the key")
@@ -154,6 +158,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trust",
         help="build a trust file from operator keys and delegations (JSON on stdout)",
+        description="Build a trust file (catsproto-trust/1) from operator key files (of a "
+        "private key only the public half is kept) and delegation files, check that it "
+        "loads, and print it as JSON.",
     )
     p.add_argument(
         "--operator",
@@ -169,7 +176,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_trust)
 
-    p = sub.add_parser("sign", help="sign an attribute value (hex or raw) for one route")
+    p = sub.add_parser(
+        "sign",
+        help="sign an attribute value (hex or raw) for one route",
+        description="Sign an attribute value (hex or raw, from FILE or stdin) with a node key "
+        "for the route it is announced on, optionally carrying a delegation, and with "
+        "--seal encrypting the cache section first; print the signed value in hex.",
+    )
     p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--key", required=True, help="node private key file")
     p.add_argument("--route", required=True, help="the prefix the value is announced on")
@@ -187,7 +200,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sign)
 
     p = sub.add_parser(
-        "verify", help="verify a signed value: exit 0 if accepted, 1 with the reason if not"
+        "verify",
+        help="verify a signed value: exit 0 if accepted, 1 with the reason if not",
+        description="Verify a signed value for the route it arrived on against a trust "
+        "file: signature, the delegation's scope and validity, and the timestamp's "
+        "freshness at --now-ms (each run starts with an empty replay window). Print the "
+        "verdict as JSON; exit 0 if accepted, 1 if not.",
     )
     p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--trust", required=True, help="trust store file (catsproto-trust/1)")

@@ -163,7 +163,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--rate", type=int, default=0, help="bandwidth budget, bytes/s (0: none)")
         q.add_argument("--plaintext", action="store_true", help="bare TCP (benchmark baseline)")
 
-    s = tsub.add_parser("serve", help="hold synthetic blocks and serve pulls until SIGTERM")
+    s = tsub.add_parser(
+        "serve",
+        help="hold synthetic blocks and serve pulls until SIGTERM",
+        description="Hold a synthetic prefix (--synthetic SEED:COUNT:BYTES) and serve pulls "
+        "of it over TLS 1.3 with mutual authentication (bare TCP with --plaintext) until "
+        'SIGINT or SIGTERM. Prints {"listening": "HOST:PORT"} on stdout when ready and, at '
+        "the end, one JSON line per served transfer on stderr.",
+    )
     common(s)
     s.add_argument("--listen", default="127.0.0.1:7470", help="HOST:PORT (port 0: any)")
     s.add_argument("--synthetic", required=True, help="SEED:COUNT:BYTES of the held prefix")
@@ -171,7 +178,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--chunk", type=int, default=256 << 10, help="DATA chunk size in bytes")
     s.set_defaults(func=cmd_serve)
 
-    q = tsub.add_parser("pull", help="pull a synthetic prefix and print the result as JSON")
+    q = tsub.add_parser(
+        "pull",
+        help="pull a synthetic prefix and print the result as JSON",
+        description="Pull a synthetic prefix (--synthetic SEED:COUNT) from a holder and print "
+        "one JSON line: blocks, bytes, seconds, throughput, the SHA-256 over the payloads, "
+        "the holder's key id and any error. Exit 0 if the pull completed without error, 1 "
+        "if not.",
+    )
     common(q)
     q.add_argument("--from", dest="source", required=True, help="holder HOST:PORT")
     q.add_argument("--synthetic", required=True, help="SEED:COUNT of the prefix to pull")
