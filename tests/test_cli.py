@@ -126,10 +126,11 @@ def test_the_tree_is_walked_whole():
 @pytest.mark.parametrize(
     ("path", "parser"), PARSERS, ids=[" ".join(p) or "catsproto" for p, _ in PARSERS]
 )
-def test_every_option_and_subcommand_has_help(path, parser):
+def test_every_parser_option_and_subcommand_has_help(path, parser):
     assert isinstance(parser, CommandParser) and parser.formatter_class is HelpFormatter
     text = parser.format_help()  # raises on a help string argparse cannot format
     assert text.startswith(f"usage: {' '.join(['catsproto', *path])}")
+    assert parser.description, "no description: its --help would show only the options"
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help for choice in action._choices_actions}
