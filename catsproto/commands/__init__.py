@@ -27,7 +27,7 @@ _HEX = set(string.hexdigits + string.whitespace)
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """An option's help ends with ``(default: X)`` unless its help already speaks of its
-    default or there is none to show (None, a flag's False, an empty list).
+    default or there is none to show (None, a flag's False, an empty string or list).
 
     A description is filled paragraph by paragraph (blank lines between them); a
     paragraph with an indented line (example commands) is kept exactly as written."""
@@ -70,7 +70,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def shows_default(action: argparse.Action) -> bool:
     """Whether an option has a default worth printing in its help."""
     default = action.default
-    if default is None or default is False or default is argparse.SUPPRESS:
+    if default is None or default is False or default == "" or default is argparse.SUPPRESS:
         return False
     if isinstance(default, list | tuple) and not default:
         return False

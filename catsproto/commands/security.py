@@ -148,9 +148,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("operator_key", help="operator private key file")
     p.add_argument("node_public_key", help="node public key, hex")
-    p.add_argument("--cs-id", type=int, action="append", required=True, help="repeatable")
-    p.add_argument("--route", action="append", required=True, help="prefix; repeatable")
-    p.add_argument("--address", action="append", required=True, help="instance address")
+    p.add_argument(
+        "--cs-id",
+        type=int,
+        action="append",
+        required=True,
+        help="a CS-ID the node may advertise; repeatable",
+    )
+    p.add_argument(
+        "--route",
+        action="append",
+        required=True,
+        help="a prefix the node may announce on; repeatable",
+    )
+    p.add_argument(
+        "--address",
+        action="append",
+        required=True,
+        help="an instance address the node may advertise; repeatable",
+    )
     p.add_argument("--days", type=float, default=30.0, help="days of validity")
     p.add_argument("--not-before-ms", type=int, help="start of validity (default now)")
     p.set_defaults(func=cmd_authorize)
