@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from catsproto import wire
-from catsproto.commands import UsageError, add_type_code, bytes_from_input, read_input
+from catsproto.commands import (
+    CommandParser,
+    UsageError,
+    add_type_code,
+    bytes_from_input,
+    read_input,
+)
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
@@ -191,9 +197,11 @@ def cmd_vectors(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="catsproto",
-        description="KV-cache-aware CATS: cache-state advertisements in a BGP path attribute.",
+        description="KV-cache-aware CATS: cache-state advertisements in a BGP path attribute.\n\n"
+        "`catsproto COMMAND --help` explains each command; bad input exits with status 2 "
+        "and one line on stderr.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -202,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="attribute bytes (hex or raw) -> JSON",
         description="Decode an advertisement from hex text or raw bytes and print its JSON.",
     )
-    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
     p.add_argument(
         "--attribute",
         action="store_true",
@@ -218,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Encode advertisement JSON (an object, or a list of them) to hex, "
         "one line each.",
     )
-    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin (default)")
+    p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
     p.add_argument(
         "--attribute",
         action="store_true",
@@ -229,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="the end-to-end demo: the codec, then the 4-site BGP lab and the path selector",
+        help="the end-to-end demo: the codec, the 4-site BGP lab with the path selector, "
+        "then the steering policies on the Mooncake trace",
         description="Show the codec on the example advertisements, then bring up the "
         "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
         "otherwise), watch signed advertisements arrive, ask the path selector where "
@@ -249,10 +258,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
-        "vectors", help="write (or --check) the codec's and security layer's test vectors"
+        "vectors",
+        help="write (or --check) the codec's and security layer's test vectors",
+        description="Generate the test vectors from the code and write them to two files in "
+        "DIR: wire.json (the codec's positive and negative vectors) and security.json (keys, "
+        "a delegation, a trust file, signed and sealed values and the receiver's verdicts). "
+        "With --check, write nothing and exit 1 if either file differs from what the code "
+        "generates. DIR is relative to the working directory: run it from the checkout's "
+        "root to update tests/vectors.",
     )
-    p.add_argument("dir", nargs="?", default="tests/vectors", help="default tests/vectors")
-    p.add_argument("--check", action="store_true", help="fail if the file differs from the code")
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default="tests/vectors",
+        help="folder of wire.json and security.json, relative to the working directory",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if wire.json or security.json differs from the code",
+    )
     p.set_defaults(func=cmd_vectors)
 
     import catsproto.commands

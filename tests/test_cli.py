@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from catsproto import cli
+from catsproto.commands import CommandParser, HelpFormatter, shows_default
+from catsproto.commands.chaos import SCENARIO_NAMES
+from catsproto.sim import POLICIES
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())
 
@@ -83,3 +90,101 @@ def test_help_names_every_command():
     text = run("--help").stdout.decode()
     for command in ("decode", "encode", "demo", "vectors"):
         assert command in text
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every parser of the command tree with its subcommand path, depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+PARSERS = list(_parsers(cli.build_parser()))
+
+
+def _shown(value: object) -> list[str]:
+    """Ways a help text may spell a default value."""
+    if isinstance(value, list | tuple):
+        return [" ".join(str(v) for v in value), ",".join(str(v) for v in value)]
+    texts = [str(value)]
+    if isinstance(value, float):
+        texts.append(f"{value:g}")
+    if isinstance(value, str) and "/" in value:
+        texts.append("/".join(Path(value).parts[-2:]))
+    return texts
+
+
+def test_the_tree_is_walked_whole():
+    paths = {" ".join(p) for p, _ in PARSERS}
+    for path in ("eval", "lab demo", "instance serve", "transfer pull", "draft render"):
+        assert path in paths
+    assert len(PARSERS) > 25
+
+
+@pytest.mark.parametrize(
+    ("path", "parser"), PARSERS, ids=[" ".join(p) or "catsproto" for p, _ in PARSERS]
+)
+def test_every_parser_option_and_subcommand_has_help(path, parser):
+    assert isinstance(parser, CommandParser) and parser.formatter_class is HelpFormatter
+    text = parser.format_help()  # raises on a help string argparse cannot format
+    assert text.startswith(f"usage: {' '.join(['catsproto', *path])}")
+    assert parser.description, "no description: its --help would show only the options"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            missing = [name for name in action.choices if not helps.get(name)]
+            assert not missing, f"subcommands without help: {missing}"
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help and action.help != argparse.SUPPRESS, f"{name} has no help"
+        if not shows_default(action):
+            continue
+        said = HelpFormatter("catsproto")._get_help_string(action)
+        assert "default" in said, f"{name}: its default is not shown"
+        if "(default: " not in said or not said.endswith(")"):  # written by hand
+            assert any(t in said for t in _shown(action.default)), (
+                f"{name}: the help speaks of a default, but not of {action.default!r}"
+            )
+
+
+@pytest.mark.parametrize(
+    "path", [p for p, _ in PARSERS], ids=[" ".join(p) or "catsproto" for p, _ in PARSERS]
+)
+def test_every_help_runs_and_exits_0(path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args([*path, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: {' '.join(['catsproto', *path])}")
+    assert not re.search(r"\bissues?\b", text, re.IGNORECASE), "help speaks of an issue"
+
+
+def test_help_runs_as_a_process_and_shows_defaults():
+    out = run("eval", "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.decode().split())
+    assert "--sweep-limit N with --report: requests per catsproto sweep run (0: no sweeps)" in text
+    assert "(default: 2000)" in text
+    assert "(default: 1.0 4.0)" in text
+    assert "catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl --report" in text
+    assert "--seeds 1-20 --jobs 2 --report docs/eval/seeds" in text
+    assert "CATSPROTO_TRACES" in text
+
+
+def test_eval_help_lists_every_policy_and_the_sweep_default():
+    parser = dict(PARSERS)[("eval",)]
+    actions = {a.dest: a for a in parser._actions}
+    assert actions["sweep_limit"].default == 2000
+    for policy in POLICIES:
+        assert policy in actions["policies"].help
+
+
+def test_chaos_help_names_the_campaigns_scenarios():
+    from catsproto.lab.faults import campaign
+
+    assert tuple(campaign.SCENARIOS) == SCENARIO_NAMES
+    parser = dict(PARSERS)[("chaos",)]
+    only = next(a for a in parser._actions if a.dest == "only")
+    assert all(name in only.help for name in campaign.SCENARIOS)

@@ -44,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Copy lab/wireshark/catsproto.lua into Wireshark's personal Lua plugin "
         "folder (~/.local/lib/wireshark/plugins), or print its path.",
     )
-    p.add_argument("action", choices=["install", "path"])
+    p.add_argument(
+        "action",
+        choices=["install", "path"],
+        help="install: copy the dissector into the plugin folder; path: print where its "
+        "source file is (for tshark -X lua_script:PATH)",
+    )
     p.add_argument("--dir", help="plugin folder to install into (default: the personal one)")
     p.set_defaults(func=cmd_dissector)

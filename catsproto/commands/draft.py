@@ -90,12 +90,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "xml2rfc, regenerate its test-vector appendix, or run the idnits-style checks.",
     )
     sub = p.add_subparsers(dest="draft_command", required=True)
-    r = sub.add_parser("render", help="write .xml, .txt and .html (default drafts/build)")
-    r.add_argument("--out", type=Path, help="output directory")
+    r = sub.add_parser(
+        "render",
+        help="write .xml, .txt and .html (default drafts/build)",
+        description="Render the draft offline: regenerate its vector appendix "
+        "(drafts/vectors.md) from tests/vectors/*.json, then kramdown-rfc makes the XML and "
+        "xml2rfc the text and HTML, in --out. Exit 1 if either tool reports an error.",
+    )
+    r.add_argument(
+        "--out",
+        type=Path,
+        help="directory for the .xml, .txt and .html (default: drafts/build of the checkout)",
+    )
     r.set_defaults(func=cmd_render)
-    v = sub.add_parser("vectors", help="write drafts/vectors.md from tests/vectors/*.json")
+    v = sub.add_parser(
+        "vectors",
+        help="write drafts/vectors.md from tests/vectors/*.json",
+        description="Regenerate the draft's test-vector appendix, drafts/vectors.md, from "
+        "tests/vectors/wire.json, keys.json and security.json; with --check write nothing "
+        "and exit 1 if it is out of date.",
+    )
     v.add_argument("--check", action="store_true", help="fail if the file is out of date")
     v.set_defaults(func=cmd_vectors)
-    c = sub.add_parser("check", help="render, then check line length, ASCII, references, tables")
+    c = sub.add_parser(
+        "check",
+        help="render, then check line length, ASCII, references, tables",
+        description="Check that drafts/vectors.md matches the vector files, render the "
+        "draft with it as committed, and run the idnits-style checks on the markdown and "
+        "the text (line length, ASCII, references, tables). Each problem is one line on "
+        "stderr; exit 1 if there is any.",
+    )
     c.add_argument("--out", type=Path, help="output directory (default drafts/build)")
     c.set_defaults(func=cmd_check)

@@ -1,29 +1,36 @@
 """`catsproto eval`: steering policies on a trace and scenario; table, JSON, plots.
 
-    catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl --scenario s1 \\
-        --speedup 1 4 --report docs/eval
+Every policy named by --policies replays the trace's requests in the scenario (S1: four
+sites of four instances) at each --speedup; catsproto's advertisements are built,
+signed, encoded, delayed and verified on the way, as in the lab. It prints one row per
+(policy, speedup): block hit rate, TTFT mean/p50/p99 and the mean split into round trip
+/ wait / prefill (/ fetch), advertisement bytes per second and their share of the raw
+vLLM event stream, stale and false-positive hits. A progress bar goes to stderr. With
+--report DIR it also writes results.json, summary.md, a TTFT CDF per speedup
+(ttft_cdf_x{speedup}.png) and the catsproto sweeps (hit rate and advertisement bytes
+against update interval and target FPR, on the first --sweep-limit requests;
+sweep_update_interval_ms.png, sweep_target_fpr.png). The main table of
+docs/evaluation.md and docs/eval:
 
-prints one row per (policy, speedup): block hit rate, TTFT mean/p50/p99 and the mean
-split into round trip / wait / prefill (/ fetch), advertisement bytes per second and
-their share of the raw vLLM event stream, stale and false-positive hits. With
-`--report DIR` it also writes results.json, summary.md, a TTFT CDF per speedup and the
-catsproto sweeps (hit rate and advertisement bytes against update interval and target
-FPR, on the first `--sweep-limit` requests). A progress bar goes to stderr.
+    catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl --report docs/eval \\
+        --sweep-limit 2000
 
-    catsproto eval --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 \\
-        --report docs/eval/seeds
+With --seeds it is the seed study instead: every policy at every speedup once per
+scenario seed (no sweeps); --jobs N runs those in N worker processes, with the same
+rows in the same order as with one. It prints one row per (policy, speedup): seeds, the
+mean of the per-seed mean TTFT with its standard deviation, min and max, the mean hit
+rate and (for each other policy, when the oracle ran) the mean per-seed paired
+difference to the oracle, its standard error and the seeds at or below it. With
+--report DIR: seeds.json (every per-seed row and the aggregate), seeds.md and a plot
+per speedup, seeds_x{speedup}.png. The twenty-seed study of docs/evaluation.md:
 
-is the seed study: every policy at every speedup once per scenario seed (`--seeds`
-takes `1-20`, `1,3,5` or `1-5,9`; each seed replaces the scenario's `seed`, so
-`--set seed=N` may not come with it; no sweeps). `--jobs N` runs those in N worker
-processes; the rows are the same, in the same order, as with one. It prints one row
-per (policy, speedup): seeds, the mean of the per-seed mean TTFT with its standard
-deviation, min and max, the mean hit rate, and (for each other policy, when the oracle
-ran) the mean per-seed paired difference to the oracle, its standard error and the
-seeds at or below it.
-With `--report DIR`: seeds.json (every per-seed row and the aggregate), seeds.md and
-a plot per speedup, seeds_x{speedup}.png. Progress (runs done of all, the current
-ones) goes to stderr.
+    catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl \\
+        --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 --report docs/eval/seeds
+
+Three seeds, not to be confused: --seed seeds the random policy and nothing else;
+--set seed=N is the scenario's seed (summary filters, signing keys, the selectors'
+tie-breaks) for every run; --seeds repeats the whole comparison once per scenario seed,
+each run with its own --set seed=N, and so cannot be combined with it.
 """
 
 from __future__ import annotations
@@ -49,7 +56,13 @@ from catsproto.adapters.report import (
     write_report,
     write_seed_report,
 )
-from catsproto.adapters.trace import TraceFormatError, find_trace, load_scenario, read_trace
+from catsproto.adapters.trace import (
+    MOONCAKE,
+    TraceFormatError,
+    find_trace,
+    load_scenario,
+    read_trace,
+)
 from catsproto.commands import UsageError
 from catsproto.keys import BlockKeyer
 from catsproto.sim import (
@@ -82,31 +95,77 @@ class _Bar:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("eval", help="evaluate steering policies on a trace")
+    p = subparsers.add_parser(
+        "eval", help="evaluate steering policies on a trace", description=__doc__
+    )
     p.add_argument(
         "--trace",
-        help="JSONL trace (Mooncake fields); default: the shared Mooncake conversation trace",
+        metavar="FILE",
+        help=f"JSONL trace (Mooncake fields: timestamp, input_length, output_length, hash_ids); "
+        f"default: {MOONCAKE} looked for in $CATSPROTO_TRACES, then the checkout's "
+        "data/traces, then ../shared/traces beside the checkout, then ../shared/traces "
+        "beside the working directory, then /work/shared/traces",
     )
-    p.add_argument("--scenario", default="s1", help="scenario file, or s1 / llama70b")
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY")
-    p.add_argument("--speedup", nargs="+", type=float, default=[1.0, 4.0])
+    p.add_argument(
+        "--scenario",
+        default="s1",
+        help="scenario file (TOML or JSON), or the name of a shipped one in "
+        "catsproto/sim/scenarios: s1, llama70b",
+    )
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(POLICIES),
+        metavar="POLICY",
+        help=f"policies to compare, in this order; choices: {', '.join(POLICIES)}",
+    )
+    p.add_argument(
+        "--speedup",
+        nargs="+",
+        type=float,
+        default=[1.0, 4.0],
+        help="trace time divided by each of these (one run per speedup; > 0)",
+    )
     p.add_argument(
         "--report",
+        metavar="DIR",
         help="folder for results.json, summary.md and plots "
         "(with --seeds: seeds.json, seeds.md, seeds_x{speedup}.png)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    p.add_argument("--limit", type=int, help="use only the first N requests")
-    p.add_argument("--seed", type=int, default=1, help="seed of the random policy")
     p.add_argument(
-        "--sweep-limit", type=int, default=3000, help="requests per sweep run (0: no sweeps)"
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override one scenario key, repeatable, e.g. --set seed=3 --set "
+        "physical_arrival=true (dotted keys reach tables: --set rtt_ms.A-D=30); the keys "
+        "are those of the scenario files in catsproto/sim/scenarios, explained there "
+        "and in docs/evaluation.md; seed=N is the scenario's seed (filters, signing keys, "
+        "selectors), not --seed",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="use only the first N requests")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of the random policy only; the scenario's seed is --set seed=N, "
+        "a study over scenario seeds is --seeds",
+    )
+    p.add_argument(
+        "--sweep-limit",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="with --report: requests per catsproto sweep run (0: no sweeps)",
     )
     p.add_argument(
         "--seeds",
         metavar="SPEC",
-        help="run every policy and speedup once per scenario seed, e.g. 1-20, 1,3,5 or 1-5,9, "
-        "and print mean, std, min, max over seeds and the paired difference to the oracle "
-        "(no sweeps; not with --set seed=...)",
+        help="the seed study: run every policy and speedup once per scenario seed "
+        "(each run as with --set seed=N), e.g. 1-20, 1,3,5 or 1-5,9, and print mean, "
+        "std, min, max over seeds and the paired difference to the oracle (no sweeps; "
+        "not with --set seed=...; --seed still seeds the random policy)",
     )
     p.add_argument(
         "--jobs",

@@ -256,8 +256,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_type_code(p)
     p.add_argument("--follow", metavar="IFACE", help="capture live on this interface (tcpdump)")
     p.add_argument("--netns", metavar="NS", help="network namespace of --follow's interface")
-    p.add_argument("--count", type=int, default=0, help="stop after this many advertisements")
     p.add_argument(
-        "--timeout", type=float, default=0.0, help="with --follow: stop after this many seconds"
+        "--count", type=int, default=0, help="stop after this many advertisements (0: no limit)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="with --follow: stop after this many seconds (0: no limit)",
     )
     p.set_defaults(func=cmd_inspect)

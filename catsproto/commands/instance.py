@@ -218,26 +218,80 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
     g = p.add_argument_group("advertisement")
-    g.add_argument("--secret", required=secret_required, help="block-key secret, hex")
-    g.add_argument("--secret-id", type=int, default=0)
-    g.add_argument("--cs-id", type=int, default=1)
-    g.add_argument("--site-id", type=int, default=0)
+    g.add_argument(
+        "--secret",
+        required=secret_required,
+        help="block-key secret, hex (16..64 bytes), shared with the selectors",
+    )
+    g.add_argument(
+        "--secret-id",
+        type=int,
+        default=0,
+        help="which secret made the block keys (advertised in the cache-model TLV)",
+    )
+    g.add_argument("--cs-id", type=int, default=1, help="the service (CS-ID) advertised")
+    g.add_argument("--site-id", type=int, default=0, help="the site advertised in the origin")
     g.add_argument("--address", default="127.0.0.1", help="the instance's CSCI-ID address")
-    g.add_argument("--model-id", default="meta-llama/Llama-3.1-8B-Instruct")
-    g.add_argument("--shard-range", help="prefix for shard routes, e.g. 10.255.1.0/24")
-    g.add_argument("--max-message", type=int, default=4096, help="4096, or 65535 (RFC 8654)")
-    g.add_argument("--target-fpr", type=float, default=0.01)
-    g.add_argument("--min-interval-ms", type=int, default=1000)
-    g.add_argument("--max-interval-ms", type=int, default=30_000)
-    g.add_argument("--change-threshold", type=float, default=0.05)
+    g.add_argument(
+        "--model-id",
+        default="meta-llama/Llama-3.1-8B-Instruct",
+        help="the model, advertised and mixed into every block key",
+    )
+    g.add_argument(
+        "--shard-range",
+        help="the instance's own prefix for shard routes, e.g. 10.255.1.0/24 "
+        "(default: one route, on the CSCI-ID address)",
+    )
+    g.add_argument(
+        "--max-message", type=int, default=4096, help="BGP message size: 4096, or 65535 (RFC 8654)"
+    )
+    g.add_argument(
+        "--target-fpr",
+        type=float,
+        default=0.01,
+        help="false-positive rate the cache summaries are sized for",
+    )
+    g.add_argument(
+        "--min-interval-ms",
+        type=int,
+        default=1000,
+        help="dampening: never two advertisements closer than this",
+    )
+    g.add_argument(
+        "--max-interval-ms",
+        type=int,
+        default=30_000,
+        help="dampening: refresh at least this often, even when nothing changed",
+    )
+    g.add_argument(
+        "--change-threshold",
+        type=float,
+        default=0.05,
+        help="dampening: advertise early when this fraction of the advertised block keys changed",
+    )
     g.add_argument("--adverts-out", help="append advertisements as JSON lines (- for stdout)")
     g = p.add_argument_group("model")
     g.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    g.add_argument("--layers", type=int, default=32)
-    g.add_argument("--kv-heads", type=int, default=8)
-    g.add_argument("--head-dim", type=int, default=128)
-    g.add_argument("--dtype-bytes", type=int, default=2)
-    g.add_argument("--prefill-rate", type=float, default=8000.0, help="tokens per second")
+    g.add_argument("--layers", type=int, default=32, help="layers (sizes a block's KV bytes)")
+    g.add_argument(
+        "--kv-heads", type=int, default=8, help="KV heads per layer (sizes a block's KV bytes)"
+    )
+    g.add_argument(
+        "--head-dim", type=int, default=128, help="head dimension (sizes a block's KV bytes)"
+    )
+    g.add_argument(
+        "--dtype-bytes",
+        type=int,
+        default=2,
+        help="bytes per KV element, 2 for fp16/bf16 (sizes a block's KV bytes)",
+    )
+    g.add_argument(
+        "--prefill-rate",
+        type=float,
+        default=8000.0,
+        help="prefill rate in tokens per second: the modelled engine's speed (serve) and "
+        "what the node advertises",
+    )
     g.add_argument(
         "--tier",
         action="append",
@@ -247,15 +301,38 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("instance", help="the modelled inference instance and its node")
+    p = subparsers.add_parser(
+        "instance", help="the modelled inference instance and its node", description=__doc__
+    )
     sub = p.add_subparsers(dest="instance_command", required=True, metavar="ACTION")
 
-    s = sub.add_parser("serve", help="modelled engine (HTTP, vLLM KV events) plus its node")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8100)
-    s.add_argument("--time-scale", type=float, default=1.0, help="model seconds per second")
-    s.add_argument("--pub-endpoint", default="tcp://127.0.0.1:*", help="KV events PUB")
-    s.add_argument("--replay-endpoint", default="tcp://127.0.0.1:*", help="replay ROUTER")
+    s = sub.add_parser(
+        "serve",
+        help="modelled engine (HTTP, vLLM KV events) plus its node",
+        description="Run the modelled inference engine: an HTTP API on --host and --port, "
+        "vLLM-format KV events on ZMQ (--pub-endpoint, --replay-endpoint). Unless "
+        "--no-node, the node (C-SMA) in the same process ingests those events and builds "
+        "advertisements (unsigned; written to --adverts-out). Prints its endpoints as JSON "
+        "on stderr; runs until SIGINT or SIGTERM.",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on")
+    s.add_argument("--port", type=int, default=8100, help="port of the HTTP API (0: any)")
+    s.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="model seconds per wall-clock second (above 1: the engine runs faster)",
+    )
+    s.add_argument(
+        "--pub-endpoint",
+        default="tcp://127.0.0.1:*",
+        help="ZMQ endpoint the engine publishes vLLM KV events on (*: any port)",
+    )
+    s.add_argument(
+        "--replay-endpoint",
+        default="tcp://127.0.0.1:*",
+        help="ZMQ endpoint of the engine's replay service (*: any port)",
+    )
     s.add_argument(
         "--keys",
         choices=["tokens", "mooncake"],
@@ -266,11 +343,23 @@ def register(subparsers: Any) -> None:
     _common(s, secret_required=False)
     s.set_defaults(func=_serve_checked)
 
-    n = sub.add_parser("node", help="the node alone, fed by a real vLLM's KV events")
+    n = sub.add_parser(
+        "node",
+        help="the node alone, fed by a real vLLM's KV events",
+        description="Run the node (C-SMA) alone, subscribed to a real vLLM's KV events (the "
+        "endpoints of its --kv-events-config, one pair per data-parallel rank); it builds "
+        "advertisements (unsigned; written to --adverts-out) until SIGINT or SIGTERM.",
+    )
     n.add_argument("--endpoint", required=True, help="vLLM's kv-events endpoint")
     n.add_argument("--replay-endpoint", help="vLLM's replay endpoint")
     n.add_argument("--engine-host", default="127.0.0.1", help="replaces * in the endpoints")
-    n.add_argument("--dp-ranks", type=int, default=1)
+    n.add_argument(
+        "--dp-ranks",
+        type=int,
+        default=1,
+        help="vLLM data-parallel ranks to subscribe to; rank r's endpoints are the given "
+        "ports plus r",
+    )
     _common(n, secret_required=True)
     n.set_defaults(func=cmd_node)
 

@@ -279,45 +279,128 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--root", help="where run directories live (default /run/catsproto)")
-        p.add_argument("--tag", help="which lab, when several run")
+    find_root = (
+        "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
+        "a loopback lab started without --root is under /tmp/catsproto-lab)"
+    )
 
-    p = sub.add_parser("up", help="build the topology and start its daemons")
+    unused_tag = "not used here: a new lab picks its own tag"
+
+    def common(
+        p: argparse.ArgumentParser,
+        root_help: str = find_root,
+        tag_help: str = "which lab (its run directory's name), when several run",
+    ) -> None:
+        p.add_argument("--root", help=root_help)
+        p.add_argument("--tag", help=tag_help)
+
+    p = sub.add_parser(
+        "up",
+        help="build the topology and start its daemons",
+        description="Build a containerlab topology without Docker. As root: a network "
+        "namespace per node, veth links with their shaping, and ExaBGP, FRR and BIRD in "
+        "them. Without root (or with --embedded): ExaBGP speakers on loopback addresses "
+        "peering directly, no transit. Either way modelled instances feed the speakers "
+        "unless --no-feed. Prints the lab's tag and run directory.",
+    )
     p.add_argument("topology", nargs="?", help="a .clab.yml file, or cats3 / cats4 / catsrr")
     p.add_argument("--topology", dest="topology_option", metavar="TOPOLOGY", help="the same")
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
-    p.add_argument("--interval", type=float, default=2.0, help="instance update interval (s)")
-    common(p)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        help="seconds between the modelled instances' cache updates",
+    )
+    common(
+        p,
+        "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
+        "in loopback mode /tmp/catsproto-lab)",
+        unused_tag,
+    )
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("status", help="sessions and the receiver's cache state")
+    p = sub.add_parser(
+        "status",
+        help="sessions and the receiver's cache state",
+        description="Show a running lab: its processes, the link shaping, every node's BGP "
+        "sessions, and the cache state in each receiver's RIB (what its path selector "
+        "uses).",
+    )
     common(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("capture", help="tcpdump one link into a pcap")
+    p = sub.add_parser(
+        "capture",
+        help="tcpdump one link into a pcap",
+        description="Run tcpdump on one end of a link of a running lab (inside its "
+        "namespace) for --seconds and write what it sees to a pcap file; by default BGP "
+        "only (tcp port 179). `catsproto inspect` decodes the result.",
+    )
     p.add_argument("link", help="link index, node:iface, or nodeA-nodeB")
     p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--filter", default="tcp port 179")
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="how long to capture (Ctrl-C stops sooner)"
+    )
+    p.add_argument(
+        "--filter", default="tcp port 179", help="tcpdump filter expression (one argument)"
+    )
     common(p)
     p.set_defaults(func=cmd_capture)
 
-    p = sub.add_parser("down", help="stop the daemons and remove the namespaces")
+    p = sub.add_parser(
+        "down",
+        help="stop the daemons and remove the namespaces",
+        description="Stop a running lab's processes by PID, remove its namespaces and its "
+        "run directory; with --all, every lab under --root.",
+    )
     p.add_argument("--all", action="store_true", help="every lab under --root")
     common(p)
     p.set_defaults(func=cmd_down)
 
-    p = sub.add_parser("demo", help="up, show advertisements flowing, down")
-    p.add_argument("topology", nargs="?", default=str(DEFAULT_TOPOLOGY))
+    p = sub.add_parser(
+        "demo",
+        help="up, show advertisements flowing, down",
+        description="Bring a topology up (namespaces with FRR and BIRD as root, loopback "
+        "otherwise), wait until every instance's advertisement reached the receiver, show "
+        "its RIB, and again after the caches changed, ask the path selector where each "
+        "site's cached conversation goes, then tear the lab down.",
+    )
+    p.add_argument(
+        "topology",
+        nargs="?",
+        default=str(DEFAULT_TOPOLOGY),
+        help="a .clab.yml file, or cats3 / cats4 / catsrr (default: lab/cats4.clab.yml)",
+    )
     p.add_argument("--embedded", action="store_true", help="loopback mode even as root")
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the modelled instances' cache updates; the demo looks "
+        "again 1.5 intervals after the first table",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="how long to wait for routes")
-    common(p)
+    common(
+        p,
+        "where the run directory lives while the demo runs (default: $CATSPROTO_LAB_ROOT, "
+        "else /run/catsproto; /tmp/catsproto-lab in loopback mode without root)",
+        unused_tag,
+    )
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("node", help="(in a container) run one node of a topology")
-    p.add_argument("--topology", required=True)
-    p.add_argument("--node", help="default: $CATSPROTO_NODE")
+    p = sub.add_parser(
+        "node",
+        help="(in a container) run one node of a topology",
+        description="The entrypoint of a containerlab container: shape this node's links, "
+        "render its daemons' configuration from the topology and run them (ExaBGP, FRR or "
+        "BIRD) until one exits.",
+    )
+    p.add_argument(
+        "--topology",
+        required=True,
+        help="the topology the container belongs to: a .clab.yml file, or cats3 / cats4 / catsrr",
+    )
+    p.add_argument("--node", help="the node's name in it (default: $CATSPROTO_NODE)")
     p.set_defaults(func=cmd_node)

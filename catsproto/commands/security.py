@@ -130,7 +130,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "keygen", help="new Ed25519 key file (or --group ID: an AEAD group key), mode 0600"
+        "keygen",
+        help="new Ed25519 key file (or --group ID: an AEAD group key), mode 0600",
+        description="Create a new Ed25519 key file and print its public half as JSON; with "
+        "--group KEY_ID, an AEAD group key file (for sealing cache sections) instead. The "
+        "file is created with mode 0600 and never overwritten.",
     )
     p.add_argument("out", help="file to create (refuses to overwrite)")
     p.add_argument("--name", default="", help="a label stored with the key")
@@ -144,16 +148,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("operator_key", help="operator private key file")
     p.add_argument("node_public_key", help="node public key, hex")
-    p.add_argument("--cs-id", type=int, action="append", required=True, help="repeatable")
-    p.add_argument("--route", action="append", required=True, help="prefix; repeatable")
-    p.add_argument("--address", action="append", required=True, help="instance address")
-    p.add_argument("--days", type=float, default=30.0, help="validity (default 30)")
+    p.add_argument(
+        "--cs-id",
+        type=int,
+        action="append",
+        required=True,
+        help="a CS-ID the node may advertise; repeatable",
+    )
+    p.add_argument(
+        "--route",
+        action="append",
+        required=True,
+        help="a prefix the node may announce on; repeatable",
+    )
+    p.add_argument(
+        "--address",
+        action="append",
+        required=True,
+        help="an instance address the node may advertise; repeatable",
+    )
+    p.add_argument("--days", type=float, default=30.0, help="days of validity")
     p.add_argument("--not-before-ms", type=int, help="start of validity (default now)")
     p.set_defaults(func=cmd_authorize)
 
     p = sub.add_parser(
         "trust",
         help="build a trust file from operator keys and delegations (JSON on stdout)",
+        description="Build a trust file (catsproto-trust/1) from operator key files (of a "
+        "private key only the public half is kept) and delegation files, check that it "
+        "loads, and print it as JSON.",
     )
     p.add_argument(
         "--operator",
@@ -169,8 +192,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_trust)
 
-    p = sub.add_parser("sign", help="sign an attribute value (hex or raw) for one route")
-    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p = sub.add_parser(
+        "sign",
+        help="sign an attribute value (hex or raw) for one route",
+        description="Sign an attribute value (hex or raw, from FILE or stdin) with a node key "
+        "for the route it is announced on, optionally carrying a delegation, and with "
+        "--seal encrypting the cache section first; print the signed value in hex.",
+    )
+    p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--key", required=True, help="node private key file")
     p.add_argument("--route", required=True, help="the prefix the value is announced on")
     p.add_argument("--delegation", help="carry this delegation (JSON file) in the value")
@@ -179,21 +208,45 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="GROUP_KEY",
-        help="encrypt the cache section for holders of this group key",
+        help="group key file to encrypt the cache section with, for the selectors holding it; "
+        "repeatable up to twice: the first is the active key, which seals; the second is "
+        "the standby key (read and checked: another key id; it does not seal)",
     )
     add_type_code(p)
     p.set_defaults(func=cmd_sign)
 
     p = sub.add_parser(
-        "verify", help="verify a signed value: exit 0 if accepted, 1 with the reason if not"
+        "verify",
+        help="verify a signed value: exit 0 if accepted, 1 with the reason if not",
+        description="Verify a signed value for the route it arrived on against a trust "
+        "file: signature, the delegation's scope and validity, and the timestamp's "
+        "freshness at --now-ms (each run starts with an empty replay window). Print the "
+        "verdict as JSON; exit 0 if accepted, 1 if not.",
     )
-    p.add_argument("file", nargs="?", default="-", help="value file, or - for stdin")
+    p.add_argument("file", nargs="?", default="-", help="value file (hex or raw), or - for stdin")
     p.add_argument("--trust", required=True, help="trust store file (catsproto-trust/1)")
     p.add_argument("--route", required=True, help="the prefix the value arrived on")
     p.add_argument("--now-ms", type=int, help="verification time (default now)")
-    p.add_argument("--max-age-ms", type=int, default=120_000)
-    p.add_argument("--max-future-ms", type=int, default=5_000)
-    p.add_argument("--group-key", action="append", default=[], help="group key file(s)")
+    p.add_argument(
+        "--max-age-ms",
+        type=int,
+        default=120_000,
+        help="refuse a value whose timestamp is more than this many ms before --now-ms",
+    )
+    p.add_argument(
+        "--max-future-ms",
+        type=int,
+        default=5_000,
+        help="refuse a value whose timestamp is more than this many ms after --now-ms",
+    )
+    p.add_argument(
+        "--group-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="group key file to open a sealed cache section; give it at most twice: the "
+        "active key first, then a standby key (either opens)",
+    )
     add_type_code(p)
     p.add_argument("--show", action="store_true", help="print the verified advertisement too")
     p.set_defaults(func=cmd_verify)

@@ -99,9 +99,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "where one request goes, every term of the estimate, and the route installed.",
     )
     p.add_argument("--lab", required=True, metavar="TAG", help="the lab's tag (lab status)")
-    p.add_argument("--root", help="where run directories live (default /run/catsproto)")
-    p.add_argument("--cs-id", type=int, default=100)
-    p.add_argument("--site", type=int, help="the demo conversation cached at site N")
+    p.add_argument(
+        "--root",
+        help="where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto)",
+    )
+    p.add_argument(
+        "--cs-id", type=int, default=100, help="the service (CS-ID) the request asks for"
+    )
+    p.add_argument("--site", type=int, metavar="N", help="the demo conversation cached at site N")
     p.add_argument("--tokens", help="JSON file with a list of prompt token ids")
     p.add_argument("--block-keys", help="comma-separated block keys (hex)")
     p.add_argument("--prompt-tokens", type=int, help="prompt length (default: from the input)")

@@ -154,7 +154,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "transfer",
         help="serve or pull KV blocks over TLS 1.3 with mutual authentication",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tsub = p.add_subparsers(dest="transfer_command", required=True)
 
@@ -164,7 +163,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--rate", type=int, default=0, help="bandwidth budget, bytes/s (0: none)")
         q.add_argument("--plaintext", action="store_true", help="bare TCP (benchmark baseline)")
 
-    s = tsub.add_parser("serve", help="hold synthetic blocks and serve pulls until SIGTERM")
+    s = tsub.add_parser(
+        "serve",
+        help="hold synthetic blocks and serve pulls until SIGTERM",
+        description="Hold a synthetic prefix (--synthetic SEED:COUNT:BYTES) and serve pulls "
+        "of it over TLS 1.3 with mutual authentication (bare TCP with --plaintext) until "
+        'SIGINT or SIGTERM. Prints {"listening": "HOST:PORT"} on stdout when ready and, at '
+        "the end, one JSON line per served transfer on stderr.",
+    )
     common(s)
     s.add_argument("--listen", default="127.0.0.1:7470", help="HOST:PORT (port 0: any)")
     s.add_argument("--synthetic", required=True, help="SEED:COUNT:BYTES of the held prefix")
@@ -172,11 +178,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--chunk", type=int, default=256 << 10, help="DATA chunk size in bytes")
     s.set_defaults(func=cmd_serve)
 
-    q = tsub.add_parser("pull", help="pull a synthetic prefix and print the result as JSON")
+    q = tsub.add_parser(
+        "pull",
+        help="pull a synthetic prefix and print the result as JSON",
+        description="Pull a synthetic prefix (--synthetic SEED:COUNT) from a holder and print "
+        "one JSON line: blocks, bytes, seconds, throughput, the SHA-256 over the payloads, "
+        "the holder's key id and any error. Exit 0 if the pull completed without error, 1 "
+        "if not.",
+    )
     common(q)
     q.add_argument("--from", dest="source", required=True, help="holder HOST:PORT")
     q.add_argument("--synthetic", required=True, help="SEED:COUNT of the prefix to pull")
     q.add_argument("--holder", help="the holder's key id (hex): refuse any other node")
-    q.add_argument("--transfer-id", type=int, default=1)
-    q.add_argument("--timeout", type=float, default=30.0)
+    q.add_argument(
+        "--transfer-id",
+        type=int,
+        default=1,
+        help="the id this pull carries in its PULL frame; the holder's answers echo it",
+    )
+    q.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the connection and for each read before giving up",
+    )
     q.set_defaults(func=cmd_pull)

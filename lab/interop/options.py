@@ -23,13 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--extended",
         choices=["on", "off", "both"],
         default="both",
-        help="RFC 8654 extended messages at the ExaBGP ends",
+        help="RFC 8654 extended messages at the ExaBGP ends: on, off, or both (a lab each)",
     )
     p.add_argument(
         "--sizes",
         type=lambda s: [int(x) for x in s.split(",")],
         default=list(SIZES),
-        help="payload sizes, comma-separated",
+        help="attribute value sizes in bytes, comma-separated "
+        f"(default: {','.join(map(str, SIZES))})",
     )
     p.add_argument(
         "--limits",
@@ -41,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--settle",
         type=float,
         default=2.0,
-        help="seconds without a new arrival before a lab is judged",
+        help="seconds without a new arrival at the receiving ExaBGP before a lab is judged",
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     p.add_argument("--markdown", metavar="FILE", help="write the markdown table to FILE")
