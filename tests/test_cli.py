@@ -168,8 +168,8 @@ def test_help_runs_as_a_process_and_shows_defaults():
     assert "--sweep-limit N with --report: requests per catsproto sweep run (0: no sweeps)" in text
     assert "(default: 2000)" in text
     assert "(default: 1.0 4.0)" in text
-    assert "catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl --report" in text
-    assert "--seeds 1-20 --jobs 2 --report docs/eval/seeds" in text
+    assert "catsproto eval --report docs/eval --sweep-limit 2000" in text
+    assert "--seeds 1-20 --jobs 2 \\ --report docs/eval/seeds" in text
     assert "CATSPROTO_TRACES" in text
 
 

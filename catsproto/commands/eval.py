@@ -12,8 +12,7 @@ against update interval and target FPR, on the first --sweep-limit requests;
 sweep_update_interval_ms.png, sweep_target_fpr.png). The main table of
 docs/evaluation.md and docs/eval:
 
-    catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl --report docs/eval \\
-        --sweep-limit 2000
+    catsproto eval --report docs/eval --sweep-limit 2000
 
 With --seeds it is the seed study instead: every policy at every speedup once per
 scenario seed (no sweeps); --jobs N runs those in N worker processes, with the same
@@ -24,8 +23,8 @@ difference to the oracle, its standard error and the seeds at or below it. With
 --report DIR: seeds.json (every per-seed row and the aggregate), seeds.md and a plot
 per speedup, seeds_x{speedup}.png. The twenty-seed study of docs/evaluation.md:
 
-    catsproto eval --trace ../shared/traces/mooncake-conversation.jsonl \\
-        --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 --report docs/eval/seeds
+    catsproto eval --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 \\
+        --report docs/eval/seeds
 
 Three seeds, not to be confused: --seed seeds the random policy and nothing else;
 --set seed=N is the scenario's seed (summary filters, signing keys, the selectors'
