@@ -53,3 +53,10 @@ def test_bad_inputs_raise_command_error():
         commands.verify_value(b"", NLRI, {"format": "nope"}, NOW_MS)
     with pytest.raises(commands.CommandError, match="one or two"):
         commands.seal_value(wire.encode(F.at(1, 43)), [], bytes(12))
+    from catsproto.security.sealing import CACHE_SECTION
+
+    full = F.at(1, 43)
+    bare = wire.Advertisement(tuple(t for t in full.tlvs if t.type not in CACHE_SECTION))
+    group = [commands.group_keygen(3, seed("cli-group"))]
+    with pytest.raises(commands.CommandError, match="nothing to seal"):
+        commands.seal_value(wire.encode(bare), group, bytes(12))

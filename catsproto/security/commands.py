@@ -19,7 +19,7 @@ from catsproto.security.receiver import (
     check,
 )
 from catsproto.security.replay import ReplayWindow
-from catsproto.security.sealing import GroupKey, GroupKeyring, seal
+from catsproto.security.sealing import CACHE_SECTION, GroupKey, GroupKeyring, seal
 from catsproto.security.signing import IPNetwork, sign
 from catsproto.security.trust import (
     TrustFileError,
@@ -115,8 +115,16 @@ def sign_value(
 
 
 def seal_value(value: bytes, group_keys: list[JSON], nonce: bytes) -> bytes:
-    """Seal the cache section of an unsigned value under the first group key."""
-    return wire.encode(seal(wire.decode(value), _keyring(group_keys), nonce))
+    """Seal the cache section of an unsigned value under the first group key. A value
+    without one is refused: asked to seal, the command must not hand back plaintext."""
+    adv = wire.decode(value)
+    keyring = _keyring(group_keys)
+    if not any(t.type in CACHE_SECTION for t in adv.tlvs):
+        raise CommandError(
+            "nothing to seal: the value has no cache-section TLV "
+            "(cache model, cache summaries, capacity or hot prefixes)"
+        )
+    return wire.encode(seal(adv, keyring, nonce))
 
 
 def _keyring(group_keys: list[JSON]) -> GroupKeyring:
