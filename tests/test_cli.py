@@ -188,3 +188,27 @@ def test_chaos_help_names_the_campaigns_scenarios():
     parser = dict(PARSERS)[("chaos",)]
     only = next(a for a in parser._actions if a.dest == "only")
     assert all(name in only.help for name in campaign.SCENARIOS)
+
+
+def test_lab_status_and_down_find_a_loopback_lab_without_root(tmp_path, monkeypatch):
+    """`lab up --embedded` without --root puts its run directory in the loopback root;
+    `lab status` / `lab down` without --root look there as well as in the namespace
+    labs' root (they used to look only in the latter)."""
+    import argparse
+
+    from catsproto.adapters import netns
+    from catsproto.commands import lab
+    from catsproto.lab import runner
+
+    ns_root, loop_root = tmp_path / "run", tmp_path / "loop"
+    for root, tag in ((ns_root, "n1"), (loop_root, "e2")):
+        (root / tag).mkdir(parents=True)
+        (root / tag / netns.STATE_FILE).write_text("{}")
+    monkeypatch.setattr(runner, "DEFAULT_ROOT", ns_root)
+    monkeypatch.setattr(lab, "LOOPBACK_ROOT", loop_root)
+    found, where = lab._running(argparse.Namespace(root=None, tag=None))
+    assert [p.name for p in found] == ["n1", "e2"]
+    assert str(ns_root) in where and str(loop_root) in where
+    only, _ = lab._running(argparse.Namespace(root=str(loop_root), tag=None))
+    assert [p.name for p in only] == ["e2"]
+    assert lab._one_lab(argparse.Namespace(root=None, tag="e2")) == loop_root / "e2"

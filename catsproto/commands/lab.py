@@ -42,21 +42,32 @@ def _root(args: argparse.Namespace) -> Path:
     return Path(args.root) if args.root else DEFAULT_ROOT
 
 
+LOOPBACK_ROOT = Path("/tmp/catsproto-lab")  # a loopback lab started without --root
+
+
 def _can_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
-def _one_lab(args: argparse.Namespace) -> Path:
+def _running(args: argparse.Namespace) -> tuple[list[Path], str]:
+    """Running labs under --root, or else under both default places (a namespace lab's
+    and a loopback lab's), and where that was, for messages."""
     from catsproto.lab.runner import running_labs
 
-    labs = running_labs(_root(args))
+    roots = [Path(args.root)] if args.root else list(dict.fromkeys([_root(args), LOOPBACK_ROOT]))
+    labs = [lab for root in roots for lab in running_labs(root)]
+    return labs, " or ".join(str(r) for r in roots)
+
+
+def _one_lab(args: argparse.Namespace) -> Path:
+    labs, where = _running(args)
     if args.tag:
         match = [p for p in labs if p.name == args.tag]
         if not match:
-            raise UsageError(f"no running lab {args.tag} under {_root(args)}")
+            raise UsageError(f"no running lab {args.tag} under {where}")
         return match[0]
     if not labs:
-        raise UsageError(f"no running lab under {_root(args)} (start one with `lab up`)")
+        raise UsageError(f"no running lab under {where} (start one with `lab up`)")
     if len(labs) > 1:
         raise UsageError("several labs are running: " + ", ".join(p.name for p in labs))
     return labs[0]
@@ -76,7 +87,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.embedded or not _can_netns():
-            lab = embedded.up(path, _root(args) if args.root else Path("/tmp/catsproto-lab"))
+            lab = embedded.up(path, _root(args) if args.root else LOOPBACK_ROOT)
             if not args.no_feed:
                 runner.start_feeders(lab, args.interval)
         else:
@@ -122,9 +133,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from catsproto.lab.runner import down, running_labs
+    from catsproto.lab.runner import down
 
-    targets = running_labs(_root(args)) if args.all else [_one_lab(args)]
+    targets = _running(args)[0] if args.all else [_one_lab(args)]
     for run_dir in targets:
         started = time.monotonic()
         down(run_dir)
@@ -170,7 +181,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from catsproto.lab import embedded, runner, view
 
     path = _topology_path(args.topology)
-    root = _root(args) if (args.root or _can_netns()) else Path("/tmp/catsproto-lab")
+    root = _root(args) if (args.root or _can_netns()) else LOOPBACK_ROOT
     netns_mode = _can_netns() and not args.embedded
     started = time.monotonic()
     try:
@@ -280,8 +291,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
 
     find_root = (
-        "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
-        "a loopback lab started without --root is under /tmp/catsproto-lab)"
+        "where run directories live (default: both $CATSPROTO_LAB_ROOT, else "
+        "/run/catsproto, and /tmp/catsproto-lab, where a loopback lab started without "
+        "--root is)"
     )
 
     unused_tag = "not used here: a new lab picks its own tag"

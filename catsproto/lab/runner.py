@@ -22,7 +22,6 @@ default: its steering forwarder installs one route per decision (docs/steering.m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
@@ -366,5 +365,21 @@ def down(run_dir: str | Path) -> None:
     try:
         netns.teardown(state)
     finally:
-        with contextlib.suppress(OSError):
+        _remove_run_dir(Path(run_dir))
+
+
+def _remove_run_dir(run_dir: Path, tries: int = 20) -> None:
+    """Remove a lab's run directory. A daemon that was just killed may still write its
+    last log line into it while the tree is removed ("directory not empty"), which once
+    left a stale run directory that `running_labs` then listed: try again briefly."""
+    for _ in range(tries):
+        try:
             shutil.rmtree(run_dir)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir.exists():
+        print(f"lab: could not remove {run_dir}", file=sys.stderr)
