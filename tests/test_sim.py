@@ -584,6 +584,42 @@ def test_spread_ticks_spreads_a_shared_timestamp_evenly_until_the_next():
     assert at_once == [0, 0, 0, 1500, 1500, 3000]
 
 
+def test_random_spread_draws_within_each_slot_the_same_every_run():
+    from catsproto.sim.trace import RANDOM_SPREAD_SEED, spread_ticks
+
+    ts = [0.0] * 6 + [3000.0] * 5 + [6000.0]
+    reqs = [TraceRequest(t, 100 + i, 1, (i, i + 1)) for i, t in enumerate(ts)]
+    out = spread_ticks(reqs, np.random.default_rng(RANDOM_SPREAD_SEED))
+    again = spread_ticks(reqs, np.random.default_rng(RANDOM_SPREAD_SEED))
+    assert out == again
+    for before, after in zip(reqs, out, strict=True):
+        assert before.timestamp_ms <= after.timestamp_ms < before.timestamp_ms + 3000
+        assert (after.input_length, after.hash_ids) == (before.input_length, before.hash_ids)
+    firsts = [r.timestamp_ms for r in out[:6]]
+    assert firsts != sorted(firsts)  # the order inside a slot is drawn too (this seed)
+    keyer = BlockKeyer(b"s" * 16, "m", 512)
+    built = PreparedTrace.build(reqs, keyer, 4, 1.0, spread="random")
+    assert built.arrival_ms.tolist() == sorted(int(r.timestamp_ms) for r in out)
+    assert [r.input_length for r in built.requests[:6]] == [
+        r.input_length for r in sorted(out[:6], key=lambda r: r.timestamp_ms)
+    ]
+    with pytest.raises(ValueError, match="spread"):
+        PreparedTrace.build(reqs, keyer, 4, 1.0, spread="poisson")
+
+
+@pytest.mark.parametrize(
+    "value, mode",
+    [(False, "none"), (True, "even"), ("even", "even"), ("random", "random"), ("none", "none")],
+)
+def test_arrival_spread_values(value, mode):
+    assert mini(arrival_spread=value).arrival_spread == mode
+
+
+def test_arrival_spread_refuses_what_it_does_not_know():
+    with pytest.raises(ScenarioError, match="arrival_spread 'poisson'"):
+        mini(arrival_spread="poisson")
+
+
 def test_the_conversation_trace_ticks_every_three_seconds():
     """Why `arrival_spread` exists: the shared trace's timestamps step by 3 s (±3 ms)."""
     reqs = read_trace(TRACE_FILE, None)
@@ -591,7 +627,7 @@ def test_the_conversation_trace_ticks_every_three_seconds():
     steps = {b - a for a, b in itertools.pairwise(ticks)}
     assert len(reqs) == 12_031 and len(ticks) == 1_180
     assert steps <= set(range(2997, 3004))
-    assert Scenario.from_mapping(load_scenario("s1")).arrival_spread is False
+    assert Scenario.from_mapping(load_scenario("s1")).arrival_spread == "none"
 
 
 # physical arrivals: a request joins its queue half its round trip after it is routed

@@ -82,7 +82,7 @@ class Scenario:
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
-    arrival_spread: bool  # requests sharing a trace timestamp arrive evenly until the next
+    arrival_spread: str  # "none", "even" or "random": how a shared timestamp's requests arrive
     physical_arrival: bool  # a request joins its queue one one-way delay after it is routed
     seed: int
     secret: bytes
@@ -153,7 +153,7 @@ class Scenario:
                 site_bounce=bool(d.get("site_bounce", False)),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=bool(d.get("overflow_signal", False)),
-                arrival_spread=bool(d.get("arrival_spread", False)),
+                arrival_spread=_spread(d.get("arrival_spread", False)),
                 physical_arrival=bool(d.get("physical_arrival", False)),
                 seed=int(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
@@ -275,6 +275,19 @@ def _summary_kind(value: Any) -> int | None:
     if kind not in (1, 2, 3):
         raise ScenarioError(f"summary_kind {value!r} is not auto, exact, bloom, fuse or 1..3")
     return kind
+
+
+def _spread(value: Any) -> str:
+    """How requests sharing a trace timestamp arrive: "none" (at once; false), "even"
+    (evenly until the next timestamp, in trace order; true) or "random" (uniformly at
+    random over that time, so in random order too; a fixed seed, the same every run)."""
+    if value in (False, None) or str(value).lower() in ("none", "false"):
+        return "none"
+    if value is True or str(value).lower() in ("even", "true"):
+        return "even"
+    if str(value).lower() == "random":
+        return "random"
+    raise ScenarioError(f"arrival_spread {value!r} is not false, true, even or random")
 
 
 def _optional_site(value: Any, sites: Sequence[str]) -> str | None:

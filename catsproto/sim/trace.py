@@ -17,7 +17,9 @@ import numpy as np
 
 from catsproto.keys import ENGINE_MOONCAKE, BlockKeyer
 
-__all__ = ["PreparedTrace", "TraceRequest", "spread_ticks"]
+__all__ = ["RANDOM_SPREAD_SEED", "PreparedTrace", "TraceRequest", "spread_ticks"]
+
+RANDOM_SPREAD_SEED = 20251  # `arrival_spread = "random"`: the same draws in every run
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +50,19 @@ class PreparedTrace:
         speedup: float,
         ingress_index: int = 1,
         key_memo: dict[int, int] | None = None,
-        spread: bool = False,
+        spread: bool | str = False,
     ) -> PreparedTrace:
-        """`spread`: requests sharing a timestamp arrive evenly over the time to the next
-        distinct timestamp, in trace order (`spread_ticks`), instead of all at once."""
+        """`spread`: requests sharing a timestamp arrive over the time to the next
+        distinct timestamp instead of all at once: evenly in trace order (True or
+        "even") or uniformly at random ("random", a fixed seed), see `spread_ticks`."""
         memo = {} if key_memo is None else key_memo
-        if spread:
+        mode = {True: "even", False: "none"}.get(spread, spread)  # type: ignore[call-overload]
+        if mode == "even":
             requests = spread_ticks(requests)
+        elif mode == "random":
+            requests = spread_ticks(requests, np.random.default_rng(RANDOM_SPREAD_SEED))
+        elif mode != "none":
+            raise ValueError(f"spread {spread!r} is not none, even or random")
         order = sorted(range(len(requests)), key=lambda i: (requests[i].timestamp_ms, i))
         reqs = tuple(requests[i] for i in order)
         keys, lists, ingress = [], [], []
@@ -76,12 +84,16 @@ class PreparedTrace:
         return len(self.requests)
 
 
-def spread_ticks(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
+def spread_ticks(
+    requests: Sequence[TraceRequest], rng: np.random.Generator | None = None
+) -> list[TraceRequest]:
     """The requests with each group that shares a timestamp spread evenly over the time
-    to the next distinct timestamp, in trace order: the k-th of n at t + k (t' - t) / n.
-    A trace whose clock ticks coarsely (the Mooncake conversation trace: every 3 s)
-    otherwise arrives in bursts no real arrival process has. The last group spreads over
-    the median step between timestamps. Order and everything else are kept."""
+    to the next distinct timestamp, in trace order: the k-th of n at t + k (t' - t) / n;
+    with `rng`, each at t + a uniform draw from [0, t' - t) instead (so the order inside
+    a group is random too). A trace whose clock ticks coarsely (the Mooncake
+    conversation trace: every 3 s) otherwise arrives in bursts no real arrival process
+    has. The last group spreads over the median step between timestamps. Everything
+    else is kept, and without `rng` the order too."""
     groups: dict[float, list[int]] = {}
     for i, r in enumerate(requests):
         groups.setdefault(r.timestamp_ms, []).append(i)
@@ -92,6 +104,8 @@ def spread_ticks(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
     for a, t in enumerate(ticks):
         width = (ticks[a + 1] - t) if a + 1 < len(ticks) else last
         members = groups[t]
+        n = len(members)
+        at = [k * width / n for k in range(n)] if rng is None else rng.random(n) * width
         for k, i in enumerate(members):
-            out[i] = dataclasses.replace(requests[i], timestamp_ms=t + k * width / len(members))
+            out[i] = dataclasses.replace(requests[i], timestamp_ms=t + float(at[k]))
     return out
