@@ -165,7 +165,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
         assert isinstance(control, HierarchicalControlPlane)
         sc = self.cluster.sc
         x, s, top = int(self.trace.ingress[r]), h.site, h.top
-        assert isinstance(top, Estimate)
+        assert top is not None  # the two-level decision always hands its winner along
         now = int(h.at_ms)
         if h.bounced:
             return self._place(r, h.sent_ms, now, x, top, extra=h.extra_rtt_ms, bounced=True)

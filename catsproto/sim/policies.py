@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catsproto.selector import NoInstanceError, Request
+from catsproto.selector.selector import Estimate
 from catsproto.sim.cluster import Cluster
 from catsproto.sim.control import CS_ID, ControlPlane, ingress_node
 from catsproto.sim.trace import PreparedTrace
@@ -56,7 +57,7 @@ class Handoff:
     site: int
     at_ms: float
     sent_ms: int  # when the ingress routed it
-    top: object  # the ingress's winning estimate (its pull, if any, comes along)
+    top: Estimate | None  # the ingress's winning estimate (its pull, if any, comes along)
     floor_ms: float = 0.0  # overflow signal: its ingress site's least queue when sent
     home_ms: float | None = None  # the ingress site's best TTFT when sent (for a bounce)
     extra_rtt_ms: float = 0.0  # a bounce: the detour already travelled
