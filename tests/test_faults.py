@@ -4,8 +4,10 @@ Each scenario of `catsproto.lab.faults` is one test: it brings the chaos lab up 
 namespaces (ExaBGP, FRR, BIRD), injects its fault, prints its figures and asserts its
 checks. Durations are scaled down from the issue's minute-long runs (storm 10 s, hostile
 traffic 8 s at 100 UPDATEs/s, load 8 s at 1,000 requests/s); `catsproto chaos --full` runs
-the minute-long versions. Needs root: under CI=true these always run (and fail loudly
-without root); elsewhere, without root, they are skipped with the reason.
+the minute-long versions. The load's achieved rate is a figure of the machine: only the
+minute-long run checks it; here every planned request must be answered without error.
+Needs root: under CI=true these always run (and fail loudly without root); elsewhere,
+without root, they are skipped with the reason.
 """
 
 from __future__ import annotations
