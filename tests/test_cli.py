@@ -212,3 +212,37 @@ def test_lab_status_and_down_find_a_loopback_lab_without_root(tmp_path, monkeypa
     only, _ = lab._running(argparse.Namespace(root=str(loop_root), tag=None))
     assert [p.name for p in only] == ["e2"]
     assert lab._one_lab(argparse.Namespace(root=None, tag="e2")) == loop_root / "e2"
+
+
+@pytest.mark.parametrize("tag", ["", "A1", "1ab", "ab-c", "abcdefghi"])
+def test_lab_up_refuses_a_bad_tag_before_building(tmp_path, tag):
+    """A tag prefixes namespace and interface names (15 characters at most), so `lab up`
+    checks it first: exit 2, and no run directory is made."""
+    proc = run(
+        "lab", "up", "cats4", "--embedded", "--no-feed", "--root", str(tmp_path), "--tag", tag
+    )
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert "--tag" in proc.stderr.decode()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lab_up_tag_names_the_lab_and_status_and_down_find_it(tmp_path):
+    """`lab up --tag` names the run directory; status and down find the lab by it, a
+    second `up` with the same tag is refused while the first runs, and down removes it."""
+    root = str(tmp_path)
+    up = run("lab", "up", "cats4", "--embedded", "--no-feed", "--root", root, "--tag", "demo1")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.decode().startswith("lab demo1 (")
+        assert (tmp_path / "demo1").is_dir()
+        again = run(
+            "lab", "up", "cats4", "--embedded", "--no-feed", "--root", root, "--tag", "demo1"
+        )
+        assert again.returncode == 2 and "exists" in again.stderr.decode()
+        status = run("lab", "status", "--root", root, "--tag", "demo1")
+        assert status.returncode == 0, status.stderr
+        assert f"lab demo1 (cats4) in {tmp_path / 'demo1'}" in status.stdout.decode()
+    finally:
+        down = run("lab", "down", "--root", root, "--tag", "demo1")
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "demo1").exists()

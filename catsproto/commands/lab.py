@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -73,6 +74,30 @@ def _one_lab(args: argparse.Namespace) -> Path:
     return labs[0]
 
 
+TAG_PATTERN = re.compile(r"[a-z][a-z0-9]{0,7}")  # veth names are <tag>l<link><side>: 15 at most
+
+
+def _new_tag(args: argparse.Namespace, root: Path) -> str | None:
+    """The tag asked for a new lab (None: the lab picks its own), checked before anything
+    is built: a short lower-case name that no lab under `root` and no namespace uses."""
+    tag = args.tag
+    if tag is None:
+        return None
+    if not TAG_PATTERN.fullmatch(tag):
+        raise UsageError(
+            f"--tag {tag!r}: 1-8 characters, a lower-case letter first, then letters or "
+            "digits (it prefixes namespace and interface names)"
+        )
+    if (root / tag).exists():
+        raise UsageError(f"--tag {tag}: {root / tag} exists (a lab of that tag runs or was left)")
+    if _can_netns():
+        from catsproto.adapters import netns
+
+        if netns.leftover_namespaces(tag):
+            raise UsageError(f"--tag {tag}: namespaces {tag}-* exist already")
+    return tag
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from catsproto.lab import embedded, runner
     from catsproto.lab.errors import LabError
@@ -87,11 +112,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.embedded or not _can_netns():
-            lab = embedded.up(path, _root(args) if args.root else LOOPBACK_ROOT)
+            root = _root(args) if args.root else LOOPBACK_ROOT
+            lab = embedded.up(path, root, tag=_new_tag(args, root))
             if not args.no_feed:
                 runner.start_feeders(lab, args.interval)
         else:
-            lab = runner.up(path, _root(args), feed=not args.no_feed, feed_interval=args.interval)
+            root = _root(args)
+            lab = runner.up(
+                path,
+                root,
+                feed=not args.no_feed,
+                feed_interval=args.interval,
+                tag=_new_tag(args, root),
+            )
     except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
         raise UsageError(f"{path.name}: {exc}") from None
     mode = lab.handle.state.info.get("mode", "netns")
@@ -185,10 +218,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     netns_mode = _can_netns() and not args.embedded
     started = time.monotonic()
     try:
+        tag = _new_tag(args, root)
         lab = (
-            runner.up(path, root, feed=True, feed_interval=args.interval)
+            runner.up(path, root, feed=True, feed_interval=args.interval, tag=tag)
             if netns_mode
-            else embedded.up(path, root)
+            else embedded.up(path, root, tag=tag)
         )
     except runner.LabError as exc:
         raise UsageError(f"{path.name}: {exc}") from None
@@ -296,7 +330,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--root is)"
     )
 
-    unused_tag = "not used here: a new lab picks its own tag"
+    new_tag = (
+        "the new lab's tag (1-8 characters: a lower-case letter, then letters or digits); "
+        "default: c<pid> with namespaces, e<pid> on loopback"
+    )
 
     def common(
         p: argparse.ArgumentParser,
@@ -329,7 +366,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p,
         "where run directories live (default: $CATSPROTO_LAB_ROOT, else /run/catsproto; "
         "in loopback mode /tmp/catsproto-lab)",
-        unused_tag,
+        new_tag,
     )
     p.set_defaults(func=cmd_up)
 
@@ -398,7 +435,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p,
         "where the run directory lives while the demo runs (default: $CATSPROTO_LAB_ROOT, "
         "else /run/catsproto; /tmp/catsproto-lab in loopback mode without root)",
-        unused_tag,
+        new_tag,
     )
     p.set_defaults(func=cmd_demo)
 
