@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 
 import numpy as np
 import pytest
@@ -266,7 +267,8 @@ def test_builder_sharded_routes_fit_and_reconstruct() -> None:
     builder = AdvertisementBuilder(cfg, cache, epoch=2)
     routes = builder.poll(0, ComputeState())
     limit = attribute_value_budget(4096, as_path_hops=2) - 300
-    receivers: dict[tuple[Tier, int], SummaryReceiver] = {}
+    # receivers keyed by what the wire says each shard covers (tier, key_lo, key_hi)
+    receivers: dict[tuple[Tier, int, int], SummaryReceiver] = {}
     assert routes[0].tier is None and routes[0].advertisement.cache_summaries is None
     for r in routes:
         adv = roundtrip(r)
@@ -274,21 +276,27 @@ def test_builder_sharded_routes_fit_and_reconstruct() -> None:
         if r.tier is not None:
             (entry,) = adv.cache_summaries.entries  # type: ignore[union-attr]
             assert entry.tier == r.tier
-            receivers.setdefault((r.tier, r.shard), SummaryReceiver()).apply_entry(entry)  # type: ignore[arg-type]
+            span = (r.tier, entry.key_lo, entry.key_hi)
+            receivers.setdefault(span, SummaryReceiver()).apply_entry(entry)  # type: ignore[arg-type]
     seqs = [r.sequence for r in routes]
     assert seqs == list(range(1, len(routes) + 1))
     dram_routes = [r for r in routes if r.tier == D]
     assert len(dram_routes) > 1
     assert str(dram_routes[0].prefix) == "10.255.1.64/32"  # DRAM's quarter of the /24
 
+    spans = sorted(receivers)
+    for tier in (H, D):  # each tier's shards tile the key space, no gap, no overlap
+        mine = [(lo, hi) for t, lo, hi in spans if t == tier]
+        assert mine[0][0] == 0 and mine[-1][1] == 2**64 - 1
+        assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(mine))
+
     def held(tier: Tier, keys: list[int]) -> bool:
-        bits = builder._senders[tier].shard_bits
-        arr = np.array(keys, dtype=np.uint64)
-        shard = (arr >> np.uint64(64 - bits)).astype(int) if bits else np.zeros(len(arr), int)
-        return all(
-            receivers[(tier, int(s))].contains_many(np.array([k], dtype=np.uint64))[0]
-            for k, s in zip(arr, shard, strict=True)
-        )
+        """Every key is in the summary of the one shard whose advertised range holds it."""
+        for k in keys:
+            (span,) = [sp for sp in spans if sp[0] == tier and sp[1] <= k <= sp[2]]
+            if not receivers[span].contains_many(np.array([k], dtype=np.uint64))[0]:
+                return False
+        return True
 
     assert held(H, hbm_keys) and held(D, dram_keys)
     # one DRAM key added: main route plus that key's DRAM shard only
@@ -298,14 +306,16 @@ def test_builder_sharded_routes_fit_and_reconstruct() -> None:
     for k in hbm_keys[:200]:
         cache.remove(H, k)
     changed = builder.poll(1_000, ComputeState())
-    kinds = sorted((r.tier or 0, r.shard or 0) for r in changed)
-    assert kinds[0] == (0, 0)
-    assert (D, new_key >> (64 - builder._senders[D].shard_bits)) in kinds
-    assert len([k for k in kinds if k[0] == D]) == 1
+    assert changed[0].tier is None  # the main route
+    changed_spans = []
     for r in changed:
         if r.tier is not None:
             (entry,) = roundtrip(r).cache_summaries.entries  # type: ignore[union-attr]
-            receivers[(r.tier, r.shard)].apply_entry(entry)  # type: ignore[index]
+            span = (r.tier, entry.key_lo, entry.key_hi)
+            receivers[span].apply_entry(entry)  # type: ignore[index]
+            changed_spans.append(span)
+    dram_changed = [sp for sp in changed_spans if sp[0] == D]
+    assert len(dram_changed) == 1 and dram_changed[0][1] <= new_key <= dram_changed[0][2]
     assert held(D, [new_key, *dram_keys]) and held(H, [77, *hbm_keys[200:]])
     assert isinstance(builder._senders[D], ShardedSender)
     assert builder.routes()[0] == ipaddress.ip_network("10.0.0.5/32")

@@ -128,7 +128,10 @@ def test_flags_and_length_width_follow_the_value_size():
     assert big[0] == 0xD0 and int.from_bytes(big[2:4], "big") == len(big) - 4
     # a transit's Partial bit dissects the same way
     partial = bytes([big[0] | wire.FLAG_PARTIAL]) + big[1:]
-    assert len(sl.CatsPathAttr(partial).tlvs) == len(large_advertisement(5000).tlvs)
+    seen, plain = sl.CatsPathAttr(partial), sl.CatsPathAttr(big)
+    assert len(plain.tlvs) == len(large_advertisement(5000).tlvs)
+    assert [bytes(t) for t in seen.tlvs] == [bytes(t) for t in plain.tlvs]
+    assert bytes(seen) == partial
 
 
 @pytest.mark.parametrize("vector", NEGATIVE, ids=[v["name"] for v in NEGATIVE])

@@ -11,7 +11,7 @@ import pytest
 from catsproto import security, wire
 from catsproto.examples import T0_MS
 from catsproto.security import GroupKey, GroupKeyring, Reason, Receiver, RouteKey, RouteState
-from catsproto.security.vectors import DAY_MS, NLRI, NOW_MS, fixture, seed
+from catsproto.security.vectors import DAY_MS, NLRI, NOW_MS, OTHER_NLRI, fixture, seed
 
 F = fixture()
 
@@ -185,10 +185,24 @@ def test_replay_window_is_an_immutable_value():
 
 
 def test_receiver_expire_forgets_only_stale_routes():
+    """Two routes whose last advertisements are 60 s apart: an expiry between their
+    deadlines drops the older route's entry and keeps the younger one's, unchanged."""
     r = Receiver(F.trust)
-    _, r = r.receive(wire.encode(security.sign(F.at(1, 43), F.node, NLRI)), NLRI, NOW_MS)
-    assert len(r.expire(NOW_MS).window) == 1
-    assert len(r.expire(NOW_MS + 200_000).window) == 0
+    old_ms, young_ms = NOW_MS - 60_000, NOW_MS
+    keys: list[RouteKey | None] = []
+    for nlri, ms in ((NLRI, old_ms), (OTHER_NLRI, young_ms)):
+        signed = wire.encode(security.sign(F.at(1, 43, ms), F.node, nlri))
+        verdict, r = r.receive(signed, nlri, ms)
+        assert verdict.reason == Reason.OK, verdict
+        keys.append(verdict.route)
+    old_key, young_key = keys
+    assert len(r.window) == 2
+    max_age = r.policy.max_age_ms
+    between = r.expire(old_ms + max_age + 1)  # past the older deadline, before the younger
+    assert between.window.get(old_key) is None
+    assert between.window.get(young_key) == r.window.get(young_key)
+    assert len(r.expire(young_ms + max_age).window) == 1  # at the deadline: still fresh
+    assert len(r.expire(young_ms + max_age + 1).window) == 0
 
 
 def test_group_key_rotation_overlaps_two_keys():
