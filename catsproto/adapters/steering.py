@@ -66,7 +66,7 @@ import numpy as np
 
 from catsproto import wire
 from catsproto.adapters.collector import DecisionCollector
-from catsproto.adapters.http import BackgroundHTTPServer
+from catsproto.adapters.http import READ_TIMEOUT_S, BackgroundHTTPServer, BodyError, read_json_body
 from catsproto.adapters.instance import mooncake_tokens
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
@@ -161,9 +161,13 @@ class RibFeed:
         self.key_ids: dict[str, bytes] = {}  # address -> key id of its verified signature
         self._stamp: tuple[int, int] | None = None
         self.routes = 0
+        self.bad_routes = 0  # routes of rib.json left out as unusable
+        self.bad_documents = 0  # rib.json documents refused whole
 
     def refresh(self, now_ms: int) -> bool:
-        """Take in what changed since the last call; False if the file did not change."""
+        """Take in what changed since the last call; False if the file did not change
+        (or cannot be read or parsed yet: then the RIB stays as it was, and the file
+        is read again next time)."""
         try:
             st = self.path.stat()
             stamp = (st.st_mtime_ns, st.st_size)
@@ -172,33 +176,76 @@ class RibFeed:
             doc = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return False  # not there yet, or caught mid-replace: next time
+        if not self.apply(doc, now_ms):
+            return False
         self._stamp = stamp
-        return self.apply(doc, now_ms)
+        return True
 
-    def apply(self, doc: dict[str, Any], now_ms: int) -> bool:
+    def apply(self, doc: Any, now_ms: int) -> bool:
+        """Replace the RIB's content by the document's verified routes. A document that
+        is not a receiver's RIB (no list of routes) changes nothing and returns False; a
+        route without a usable peer, prefix, hex value or origin is left out and counted
+        in `bad_routes`. Everything is checked before the RIB is touched."""
+        routes = doc.get("routes", []) if isinstance(doc, dict) else None
+        if not isinstance(routes, list):
+            self.bad_documents += 1
+            return False
         current: dict[tuple[str, str], str] = {}
         origins: dict[str, int] = {}
-        for route in doc.get("routes", []):
-            if route.get("verified") is False:
+        for route in routes:
+            checked = _rib_route(route)
+            if checked is None:
+                self.bad_routes += 1
                 continue
-            key = (str(route.get("peer", "")), str(route["prefix"]))
-            current[key] = route["value"]
-            if self._values.get(key) != route["value"]:
+            key, value, origin = checked
+            if value is None:  # refused by the receiver: not ours to use
+                continue
+            current[key] = value
+            if origin is not None:
+                origins[origin[0]] = origin[1]
+        for key, value in current.items():
+            if self._values.get(key) != value:
                 try:
-                    adv = wire.decode(bytes.fromhex(route["value"]))
-                except (wire.CodecError, ValueError):
+                    adv = wire.decode(bytes.fromhex(value))
+                except wire.CodecError:
                     continue
                 self.rib.accept(adv, now_ms)
                 if adv.signature is not None:
                     self.key_ids[str(adv.origin.address)] = adv.signature.key_id
-            if "origin" in route:
-                origins[route["origin"]] = int(route.get("cs_id", 0))
         for address, cs_id in self._origins.items():
             if address not in origins:
                 self.rib.withdraw(ipaddress.ip_address(address), cs_id)
                 self.key_ids.pop(address, None)
         self._values, self._origins, self.routes = current, origins, len(current)
         return True
+
+
+def _rib_route(
+    route: Any,
+) -> tuple[tuple[str, str], str | None, tuple[str, int] | None] | None:
+    """One route of the receiver's rib.json, checked: ((peer, prefix), value hex or None
+    when the receiver refused it, (origin address, CS-ID) or None), or None if unusable."""
+    if not isinstance(route, dict):
+        return None
+    prefix, value = route.get("prefix"), route.get("value")
+    if not isinstance(prefix, str) or not isinstance(value, str):
+        return None
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return None
+    origin = None
+    if "origin" in route:
+        address, cs_id = route["origin"], route.get("cs_id", 0)
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        if type(cs_id) is not int or not 0 <= cs_id <= 0xFFFFFFFF:
+            return None
+        origin = (address, cs_id)
+    key = (str(route.get("peer", "")), prefix)
+    return key, (None if route.get("verified") is False else value), origin
 
 
 # ---- the forwarder ------------------------------------------------------------------
@@ -300,16 +347,29 @@ class Forwarder:
 # ---- the service --------------------------------------------------------------------
 
 
+MAX_PROMPT_TOKENS = (1 << 32) - 1
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def _is_uint(value: Any, limit: int) -> bool:
+    """An integer in 0..limit; JSON's true/false and 1.0 are not."""
+    return type(value) is int and 0 <= value <= limit
+
+
+def _block_key(k: Any) -> int:
+    if isinstance(k, str) and 1 <= len(k) <= 16 and set(k) <= _HEX_DIGITS:
+        return int(k, 16)
+    if _is_uint(k, (1 << 64) - 1):
+        return k
+    raise SteeringError(
+        f"block_keys: {json.dumps(k)[:40]} is not a u64 (an integer, or 1-16 hex digits)"
+    )
+
+
 def _block_keys(raw: Any) -> np.ndarray:
     if not isinstance(raw, list):
         raise SteeringError("block_keys must be a list of u64 (ints or hex strings)")
-    try:
-        keys = [int(k, 16) if isinstance(k, str) else int(k) for k in raw]
-    except (TypeError, ValueError):
-        raise SteeringError("block_keys must be a list of u64 (ints or hex strings)") from None
-    if not all(0 <= k < 1 << 64 for k in keys):
-        raise SteeringError("block_keys must be a list of u64 (ints or hex strings)")
-    return np.array(keys, dtype=np.uint64)
+    return np.array([_block_key(k) for k in raw], dtype=np.uint64)
 
 
 @dataclass
@@ -323,6 +383,8 @@ class SteeringService:
     feed: RibFeed = field(init=False)
     selector: PathSelector = field(init=False)
     decisions: int = 0
+    bad_requests: int = 0  # answered 4xx: the client's body or fields
+    internal_errors: int = 0  # answered 500
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
     # garbage collected between decisions (the daemon's; None: CPython's own collector)
     collector: DecisionCollector | None = None
@@ -341,13 +403,11 @@ class SteeringService:
     def request(self, body: dict[str, Any]) -> Request:
         """The selector's request from an API body (CS-ID and block keys or token ids)."""
         cs_id = body.get("cs_id")
-        if not isinstance(cs_id, int) or cs_id < 0:
-            raise SteeringError("cs_id must be a non-negative integer")
+        if not _is_uint(cs_id, 0xFFFFFFFF):
+            raise SteeringError("cs_id must be an integer in 0..4294967295")
         if "prompt_token_ids" in body:
             tokens = body["prompt_token_ids"]
-            if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and 0 <= t < 1 << 32 for t in tokens
-            ):
+            if not isinstance(tokens, list) or not all(_is_uint(t, 0xFFFFFFFF) for t in tokens):
                 raise SteeringError("prompt_token_ids must be a list of u32 token ids")
             keys = np.array(self.keyer.block_keys(tokens), dtype=np.uint64)
             length = body.get("prompt_tokens", len(tokens))
@@ -356,9 +416,7 @@ class SteeringService:
             length = body.get("prompt_tokens", len(keys) * self.config.block_size)
         elif "hash_ids" in body:  # Mooncake: the instance's synthetic tokens, keyed alike
             ids = body["hash_ids"]
-            if not isinstance(ids, list) or not all(
-                isinstance(i, int) and 0 <= i < 1 << 63 for i in ids
-            ):
+            if not isinstance(ids, list) or not all(_is_uint(i, (1 << 63) - 1) for i in ids):
                 raise SteeringError("hash_ids must be a list of non-negative integers")
             bs = self.config.block_size
             tokens = [t for h in ids for t in mooncake_tokens(h, bs)]
@@ -369,8 +427,8 @@ class SteeringService:
                 "give prompt_token_ids, block_keys (and prompt_tokens) or hash_ids "
                 "(and input_length)"
             )
-        if not isinstance(length, int) or length < 0:
-            raise SteeringError("prompt_tokens must be a non-negative integer")
+        if not _is_uint(length, MAX_PROMPT_TOKENS):
+            raise SteeringError(f"prompt_tokens must be an integer in 0..{MAX_PROMPT_TOKENS}")
         return Request(cs_id, keys, length, self.config.ingress)
 
     def decide(self, body: dict[str, Any], *, install: bool = True) -> dict[str, Any]:
@@ -392,6 +450,15 @@ class SteeringService:
                 self.forwarder.install(pull["address"], path.nodes)
         done = time.perf_counter()
         return self.answer(decision, route, decided - started, done - decided, pull)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "decisions": self.decisions,
+            "bad_requests": self.bad_requests,
+            "internal_errors": self.internal_errors,
+            "bad_rib_routes": self.feed.bad_routes,
+        }
 
     def collect_garbage(self) -> int:
         """Collect garbage if due, while no decision runs (see `DecisionCollector`); the
@@ -466,11 +533,15 @@ class SteeringService:
         if status != 200:
             raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
         if isinstance(reply, dict) and "expected_blocks" in reply:
+            outcome = _outcome(reply)
+            if outcome is None:
+                raise UpstreamError(
+                    f"instance {steering['instance']} answered a malformed reply: "
+                    "expected_blocks, cached_blocks, blocks must be counts, stale a boolean"
+                )
             with self._lock:
-                expected = int(reply["expected_blocks"])  # the instance's verdict decides
-                found = min(expected, int(reply["cached_blocks"])) if reply["stale"] else expected
                 source = "remote" if steering["kv_pull"] else "local"
-                self.ledger.record(Outcome(expected, found, int(reply.get("blocks", 0))), source)
+                self.ledger.record(outcome, source)
         return {"steering": steering, "reply": reply, "proxy_ttft_ms": round(ttft_ms, 3)}
 
     def rib_view(self) -> list[dict[str, Any]]:
@@ -495,6 +566,24 @@ class SteeringService:
             return out
 
 
+class UpstreamError(Exception):
+    """The chosen instance could not be asked or gave an answer we cannot use (502)."""
+
+
+def _outcome(reply: dict[str, Any]) -> Outcome | None:
+    """The stale-hit outcome an instance's reply reports, or None if malformed: the
+    instance's verdict decides how many of the expected blocks it really found."""
+    counts = [
+        reply.get(k, 0 if k == "blocks" else None)
+        for k in ("expected_blocks", "cached_blocks", "blocks")
+    ]
+    stale = reply.get("stale")
+    if not all(_is_uint(c, 1 << 32) for c in counts) or type(stale) is not bool:
+        return None
+    expected, cached, blocks = counts
+    return Outcome(expected, min(expected, cached) if stale else expected, blocks)
+
+
 def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
     """POST JSON on a fresh connection; (status, decoded body)."""
     parsed = http.client.urlsplit(url)
@@ -504,12 +593,14 @@ def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
         conn.request("POST", parsed.path or "/", data, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         raw = resp.read()
-        try:
-            return resp.status, json.loads(raw or b"null")
-        except ValueError:
-            return resp.status, raw.decode(errors="replace")
+    except http.client.HTTPException as exc:  # a broken answer: not an OSError
+        raise UpstreamError(f"{url}: {type(exc).__name__}: {exc}") from None
     finally:
         conn.close()
+    try:
+        return resp.status, json.loads(raw or b"null")
+    except ValueError:
+        return resp.status, raw.decode(errors="replace")
 
 
 # ---- HTTP ---------------------------------------------------------------------------
@@ -518,19 +609,26 @@ def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
 class SteeringServer(BackgroundHTTPServer):
     """The request API over HTTP (stdlib server, one thread per request)."""
 
-    def __init__(self, service: SteeringService, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        service: SteeringService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        read_timeout: float = READ_TIMEOUT_S,
+    ):
         self.service = service
-        super().__init__(_handler(service), host, port)
+        super().__init__(_handler(service, read_timeout), host, port)
         # a trace's burst of simultaneous requests must not overflow the stdlib's
         # listen backlog of 5 (Linux takes a second listen() as a new backlog)
         self.httpd.socket.listen(LISTEN_BACKLOG)
 
 
-def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
+def _handler(service: SteeringService, read_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # keep-alive replies must not wait for the client's delayed ACK (~40 ms)
         disable_nagle_algorithm = True
+        timeout = read_timeout  # a client that stops mid-request is dropped
 
         def log_message(self, format: str, *args: Any) -> None:
             return
@@ -552,7 +650,7 @@ def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
                 with service._lock:
                     self._json(200, service.ledger.to_json())
             elif self.path == "/health":
-                self._json(200, {"ok": True, "decisions": service.decisions})
+                self._json(200, service.health())
             else:
                 self._json(404, {"error": f"no {self.path}"})
 
@@ -561,20 +659,28 @@ def _handler(service: SteeringService) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no {self.path}"})
                 return
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"null")
+                body = read_json_body(self)
                 if not isinstance(body, dict):
                     raise SteeringError("the body must be a JSON object")
                 if self.path == "/decide":
                     self._json(200, service.decide(body))
                 else:
                     self._json(200, service.generate(body))
-            except (SteeringError, json.JSONDecodeError) as exc:
+            except BodyError as exc:
+                service.bad_requests += 1
+                self.close_connection = True  # what follows on the stream is unknown
+                self._json(exc.status, {"error": str(exc)})
+            except SteeringError as exc:
+                service.bad_requests += 1
                 self._json(400, {"error": str(exc)})
             except NoInstanceError as exc:
                 self._json(503, {"error": str(exc)})
-            except OSError as exc:
+            except (OSError, UpstreamError) as exc:
                 self._json(502, {"error": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:  # a bug of ours: answer, count, log, serve on
+                service.internal_errors += 1
+                print(f"steering: {self.path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                self._json(500, {"error": f"internal error: {type(exc).__name__}"})
             finally:  # answered: now is when a collection delays no decision
                 service.collect_garbage()
 
