@@ -554,3 +554,114 @@ def test_queued_ms_leaves_out_work_a_newer_advertisement_counts_before_any_decis
     assert sel.decide(Request(7, KEYS, TOKENS, "ingress"), 1300).runner_up.queue_ms == (
         pytest.approx(100.0)
     )
+
+
+def _site_cps(pending: str) -> PathSelector:
+    """A site's C-PS over its three instances (10,000 tokens/s each, 1 ms from its box):
+    A holds the prompt's first 4 blocks behind 300 ms of queue, B and C hold nothing
+    behind 100 and 50 ms."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS[:4])], backlog=3000.0), now_ms=1000)
+    rib.accept(advert("10.0.1.2", 1, backlog=1000.0), now_ms=1000)
+    rib.accept(advert("10.0.1.3", 1, backlog=500.0), now_ms=1000)
+    net = Network([Link("ingress", "site1", delay_ms=1, bandwidth_mbps=10_000)])
+    return PathSelector(rib, net, SelectorConfig(pending=pending, allow_remote_kv=False))
+
+
+FAR = ipaddress.ip_address("10.0.2.9")  # another site's holder, not in the site's RIB
+
+
+@pytest.mark.parametrize("pending", ["count", "drain"])
+def test_a_carried_pull_that_wins_is_the_decision_and_its_work_is_logged(pending):
+    """Own options: A 2 + up + 300 + 12 blocks x 51.2 = 916.4 + up; B 2 + up + 100 +
+    819.2 = 921.2 + up; C 2 + up + 50 + 819.2 = 871.2 + up, the best. The ingress's pull
+    from FAR (30 ms, 1024 tokens left: 102.4 ms) onto each: least at C, the least queued,
+    2 + up + 50 + 30 + 102.4 = 184.4 + up, which wins. C is then busy 50 + 132.4 ms."""
+    from catsproto.selector import CarriedPull
+
+    sel = _site_cps(pending)
+    c = ipaddress.ip_address("10.0.1.3")
+    d = sel.decide(Request(7, KEYS, TOKENS, "ingress", CarriedPull(FAR, 30.0, 102.4)), 1000)
+    got = d.chosen
+    assert got is d.carried
+    assert got.address == c and got.kv_source == FAR and got.site_id == 1
+    assert (got.rtt_ms, got.queue_ms, got.fetch_ms, got.prefill_ms) == (2, 50, 30, 102.4)
+    assert got.upload_ms == pytest.approx(TOKENS * 4 * 8 / (10_000 * 1000))
+    assert got.cached_blocks == 0 and got.expected_cached_blocks == 0
+    assert got.total_ms == pytest.approx(184.4 + got.upload_ms)
+    own = d.runner_up  # the site's own best is the runner-up
+    assert own.address == c and own.kv_source is None
+    assert own.total_ms == pytest.approx(871.2 + got.upload_ms)
+    assert sel.queued_ms(7, c, 1000) == pytest.approx(50 + 30 + 102.4)
+    assert "KV from 10.0.2.9" in d.explain()
+
+
+def test_a_carried_pull_that_loses_leaves_the_decision_as_without_it():
+    """The same pull at 900 ms: onto C 2 + up + 50 + 900 + 102.4 = 1054.4 + up, worse
+    than C computing everything (871.2 + up): the decision is the one made without the
+    offer, runner-up A; the offer's estimate is still reported. A pull from an
+    instance the RIB holds is not taken as carried (the selector prices its own)."""
+    from catsproto.selector import CarriedPull
+
+    req = Request(7, KEYS, TOKENS, "ingress")
+    bare = _site_cps("drain").decide(req, 1000)
+    sel = _site_cps("drain")
+    lose = Request(7, KEYS, TOKENS, "ingress", CarriedPull(FAR, 900.0, 102.4))
+    d = sel.decide(lose, 1000)
+    assert repr(d) == repr(bare) and d.chosen.kv_source is None
+    assert str(d.runner_up.address) == "10.0.1.1"
+    assert d.carried is not None and str(d.carried.address) == "10.0.1.3"
+    assert d.carried.total_ms == pytest.approx(1054.4 + d.chosen.upload_ms)
+    assert sel.queued_ms(7, d.chosen.address, 1000) == pytest.approx(50 + 819.2)
+    held = CarriedPull(ipaddress.ip_address("10.0.1.1"), 0.0, 0.0)
+    mine = _site_cps("drain").decide(Request(7, KEYS, TOKENS, "ingress", held), 1000)
+    assert repr(mine) == repr(bare) and mine.carried is None
+
+
+@pytest.mark.parametrize("fetch, prefill", [(-1.0, 0.0), (0.0, float("nan")), (float("inf"), 1)])
+def test_a_carried_pull_must_be_priced(fetch, prefill):
+    from catsproto.selector import CarriedPull
+
+    with pytest.raises(ValueError, match="carried pull"):
+        CarriedPull(FAR, fetch, prefill)
+
+
+def test_at_one_site_the_carried_pull_goes_to_the_least_queued_instance():
+    """At one site every instance has the same round trip and upload, so the offer's
+    best candidate is `least_queued`'s instance at its queue (random backlogs and sent
+    work, drained), and it wins exactly when it beats the selector's own choice."""
+    from catsproto.selector import CarriedPull
+
+    rng = np.random.default_rng(11)
+    rib = RIB()
+    for i in range(12):
+        held = KEYS[: int(rng.integers(0, 12))]
+        backlog = float(rng.integers(0, 20_000))
+        rib.accept(
+            advert(f"10.0.1.{i + 1}", 1, [entry(held)] if len(held) else [], backlog=backlog),
+            now_ms=1000,
+        )
+    net = Network([Link("ingress", "site1", delay_ms=1, bandwidth_mbps=10_000)])
+    sel = PathSelector(rib, net, SelectorConfig(pending="drain"))
+    twin = PathSelector(rib, net, SelectorConfig(pending="drain"))
+    won = lost = 0
+    for n in range(40):
+        now = 1000 + 25 * n
+        offer = CarriedPull(FAR, float(rng.uniform(0, 400)), float(rng.uniform(0, 800)))
+        least, q = sel.least_queued(7, now)
+        own = twin.decide(Request(7, KEYS, TOKENS, "ingress"), now)
+        d = sel.decide(Request(7, KEYS, TOKENS, "ingress", offer), now)
+        assert d.carried is not None
+        assert d.carried.address == least and d.carried.queue_ms == pytest.approx(q)
+        if d.chosen is d.carried:
+            won += 1
+            assert d.carried.total_ms < own.chosen.total_ms
+            assert repr(d.runner_up) == repr(own.chosen)
+            twin.forget_last(7, own.chosen.address)  # keep the twin's log the same
+            work = (offer.fetch_ms + offer.prefill_ms) / 1000 * 10_000
+            twin.note(7, least, now, work)
+        else:
+            lost += 1
+            assert d.carried.total_ms >= own.chosen.total_ms
+            assert repr(d) == repr(own)
+    assert won and lost  # both sides were in play

@@ -563,6 +563,42 @@ def test_site_cps_takes_the_ingress_pull_from_another_site_by_hand(carry, monkey
         assert ttft == pytest.approx([17, 17])
 
 
+CARRY_STICK = [
+    TraceRequest(0, 16, 1, (1, 2, 4, 7)),  # ingress B
+    TraceRequest(0, 16, 1, (1, 2, 5, 6)),  # ingress A: A1 will hold r3's first two blocks
+    TraceRequest(2000, 20, 1, (31, 33, 35, 36)),  # ingress A: keeps A1 busy until 2020
+    TraceRequest(2000, 16, 1, (1, 2, 4, 8)),  # ingress A, the first three blocks at B1
+]
+
+
+@pytest.mark.parametrize("margin", [0.0, 30.0])
+def test_a_carried_pull_after_the_sticky_margin_by_hand(margin):
+    # r0 t=0 at B: fallback B1 (17); r1 t=0 at A: fallback A1 (17). Advertised at 1 s.
+    # r2 t=2000 at A: A1 A2 tie at 21 -> A1, busy until 2020.
+    # r3 t=2000 at ingress A: A1 1 + 20 + 8 = 29; B1 10 + 0 + 4 = 14; A2 pulling B1's
+    #   three blocks 1 + 0 + 5.00024 + 4 = 10.00024 -> site A, source B1. A's C-PS: A2
+    #   pulling A1's two blocks inside the site 1 + 0 + 2e-6 + 8 = 9.000002, its best;
+    #   runner-up A1, 29. The carried pull onto its least queued (A2) 10.00024 loses.
+    #   With a 30 ms sticky margin the prefix stays on its holder A1 (29 <= 9.000002 +
+    #   30), and then the carried pull beats that (10.00024 < 29): A2 pulls from B1.
+    sc = mini(
+        site_dispatch=True,
+        ingress_index=3,
+        bytes_per_block=1000,
+        remote_kv=True,
+        site_sticky_ms=margin,
+    )
+    assert prepared(sc, CARRY_STICK).ingress.tolist() == [1, 0, 0, 0]
+    inst, hits, ttft, r = outcome("catsproto", sc, requests=CARRY_STICK)
+    assert inst == [2, 0, 0, 1]
+    if margin:
+        assert hits[3] == 3 and r.pulled_blocks.tolist()[3] == 3
+        assert ttft == pytest.approx([17, 17, 21, 10.00024])
+    else:
+        assert hits[3] == 2 and r.pulled_blocks.tolist()[3] == 2
+        assert ttft == pytest.approx([17, 17, 21, 9.000002], abs=1e-9)
+
+
 def test_spread_ticks_spreads_a_shared_timestamp_evenly_until_the_next():
     from catsproto.sim.trace import spread_ticks
 

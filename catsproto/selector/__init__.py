@@ -5,6 +5,7 @@ from catsproto.selector.index import KeyIndex
 from catsproto.selector.network import Link, Network, Path
 from catsproto.selector.rib import RIB, AcceptResult, Instance, ServiceTable, TierState
 from catsproto.selector.selector import (
+    CarriedPull,
     Decision,
     Estimate,
     NoInstanceError,

@@ -32,6 +32,13 @@ then stop sending their requests to the same instance. With `work_weight` > 0 th
 candidates are ranked by ttft + weight x prefill (the instance time the choice uses up,
 which a holder of the prefix saves) rather than by ttft alone; every estimate keeps its
 real terms. The decision carries every term for the chosen instance and the runner-up.
+
+A request may carry a pull planned by another C-PS (`CarriedPull`: a source this
+selector's RIB need not hold, with the pull and the prefill priced there): a site's
+C-PS, whose RIB holds only its own site, is told this way of the ingress's plan to pull
+the prefix from another site. Every candidate is offered it at its own round trip,
+upload and queue; the best such offer replaces the selector's own choice only when it
+ranks strictly lower, and its work (pull + prefill) is logged like any decision's.
 Pure: `now_ms` and the seed come in.
 """
 
@@ -63,11 +70,33 @@ BATCH = 4
 
 
 @dataclass(frozen=True)
+class CarriedPull:
+    """A pull of the request's prefix from a source this selector need not hold in its
+    RIB (another site's instance, say), priced by the C-PS that planned it: the ingress's
+    winner pulled from there, and the request carries the plan to the site's C-PS. The
+    pull costs the same to every instance of one site (same link, same source tiers), so
+    it is offered to each candidate as priced: fetch_ms for the pull, prefill_ms for what
+    the source's prefix leaves to compute."""
+
+    source: IPAddress
+    fetch_ms: float
+    prefill_ms: float
+
+    def __post_init__(self) -> None:
+        for name in ("fetch_ms", "prefill_ms"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"carried pull {name} must be a finite number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True)
 class Request:
     cs_id: int
     block_keys: np.ndarray  # uint64, prompt order
     prompt_tokens: int
     ingress: str
+    # a pull planned elsewhere, offered to every candidate besides its own options
+    carried_pull: CarriedPull | None = None
 
     def __post_init__(self) -> None:
         keys = np.asarray(self.block_keys, dtype=np.uint64).reshape(-1)
@@ -116,18 +145,23 @@ class Estimate:
 
 class Decision:
     """The chosen candidate's estimate, the runner-up's (worked out when first asked
-    for: most callers only route), and how many candidates there were."""
+    for: most callers only route), and how many candidates there were. `carried` is the
+    request's carried pull at its best candidate, whether it won or not (None: the
+    request carried none, or one from a source the RIB holds, which the selector prices
+    itself)."""
 
-    __slots__ = ("_runner", "_runner_of", "candidates", "chosen")
+    __slots__ = ("_runner", "_runner_of", "candidates", "carried", "chosen")
 
     def __init__(
         self,
         chosen: Estimate,
         runner_up: Estimate | Callable[[], Estimate | None] | None,
         candidates: int,
+        carried: Estimate | None = None,
     ) -> None:
         self.chosen = chosen
         self.candidates = candidates
+        self.carried = carried
         self._runner_of = runner_up if callable(runner_up) else None
         self._runner = None if callable(runner_up) else runner_up
 
@@ -554,12 +588,61 @@ class PathSelector:
                 return self._estimate(table, slots, second, request, priced, held_then)
 
         chosen_slot = int(slots[order[0]])
+        carried = None
+        offer = request.carried_pull
+        if offer is not None and offer.source not in table.by_address:
+            at, carried = self._carried(table, slots, base, request, offer, priced)
+            own = float(rank[order[0]])
+            offer_rank = carried.total_ms
+            if cfg.work_weight:
+                offer_rank += cfg.work_weight * offer.prefill_ms
+            if offer_rank < own:  # strictly: the selector's own best keeps a tie
+                runner, best, chosen_slot = best, carried, int(slots[at])
         # the instance is busy for the fetch or pull as well as the prefill
         work = (best.prefill_ms + best.fetch_ms) / 1000 * table.prefill_tps[chosen_slot]
         pend.add(table, chosen_slot, now_ms, work)
         if pend.drain:
             pend.drain_ms(table, chosen_slot, now_ms)
-        return Decision(best, runner, len(slots))
+        return Decision(best, runner, len(slots), carried)
+
+    def _carried(
+        self,
+        table: ServiceTable,
+        slots: np.ndarray,
+        base: np.ndarray,
+        request: Request,
+        offer: CarriedPull,
+        priced: _Priced,
+    ) -> tuple[int, Estimate]:
+        """The carried pull at its best candidate: (its index, its estimate). Every
+        candidate may take it at its own round trip, upload and queue (`base`, as this
+        decision priced them: before its own work is logged) plus the pull and prefill
+        as carried; the least wins, lowest slot first among equals. At one site (a site's
+        C-PS) the round trip and upload are the same for all, so that is the
+        least-queued instance. No summary of the candidate is read: what it computes
+        from is the source's prefix, so its cached blocks are 0."""
+        total = base + offer.fetch_ms
+        total += offer.prefill_ms
+        i = int(np.argmin(total))
+        inst = table.instances[int(slots[i])]
+        assert inst is not None
+        path = self._path(request.ingress, inst.site_id)
+        return i, _new_estimate(
+            address=inst.address,
+            site_id=inst.site_id,
+            path=path.nodes if path else (),
+            rtt_ms=float(priced.rtt[i]),
+            upload_ms=float(priced.upload[i]),
+            queue_ms=float(priced.queue[i]),
+            cached_blocks=0,
+            expected_cached_blocks=0.0,
+            fpr=inst.fpr,
+            stale=inst.stale,
+            kv_source=offer.source,
+            fetch_ms=float(offer.fetch_ms),
+            prefill_ms=float(offer.prefill_ms),
+            total_ms=float(total[i]),
+        )
 
     def _holders(
         self,

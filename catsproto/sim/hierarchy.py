@@ -24,8 +24,9 @@ where the state is freshest and where every request for that site passes. Here:
   is better by that much;
 - with pulls (scenario ``remote_kv``) the site C-PS prices pulls among its own
   instances, and a pull the ingress planned from another site's holder travels with
-  the request (source, priced pull, remaining prefill): the site C-PS gives it to its
-  least-queued instance when that beats its own best (`_carried_pull`).
+  the request (source, priced pull, remaining prefill) as the selector's request option
+  `CarriedPull`: the site C-PS's one `decide` call offers it to each of its instances
+  (at one site: to the least-queued) and takes it when that beats its own best.
 
 Every selector here counts the work sent since an instance's advertisement with
 `SelectorConfig(pending="drain")`: replayed as an FCFS queue drained at the advertised
@@ -45,7 +46,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from catsproto import wire
-from catsproto.selector import RIB, NoInstanceError, PathSelector, Request, SelectorConfig
+from catsproto.selector import (
+    RIB,
+    CarriedPull,
+    NoInstanceError,
+    PathSelector,
+    Request,
+    SelectorConfig,
+)
 from catsproto.selector.rib import ServiceTable
 from catsproto.selector.selector import Estimate
 from catsproto.sim.cluster import Cluster
@@ -171,11 +179,9 @@ class HierarchicalPolicy(CatsprotoPolicy):
             return self._place(r, h.sent_ms, now, x, top, extra=h.extra_rtt_ms, bounced=True)
         if h.floor_ms > 0:
             self._signal(x, s, h.floor_ms - (h.at_ms - h.sent_ms), now)
-        chosen = self._site_pick(s, r, now)
+        chosen = self._site_pick(s, r, now, carried=self._carried(s, top))
         if chosen is None:
             return self._fallback(s, now)
-        if sc.remote_kv and self.carry_source:
-            chosen = self._carried_pull(s, now, top, chosen)
         if sc.site_bounce:
             # Site s's C-PS sees its real queue; if that makes it slower than the
             # ingress's own site even after going back there (the detour x -> s -> x),
@@ -212,11 +218,9 @@ class HierarchicalPolicy(CatsprotoPolicy):
     ) -> Choice:
         """Site s's C-PS places request r now: the ingress's own site (at once, or a
         request handed back to it)."""
-        chosen = self._site_pick(s, r, now)
+        chosen = self._site_pick(s, r, now, carried=None if bounced else self._carried(s, top))
         if chosen is None:
             return self._fallback(s, now)
-        if self.cluster.sc.remote_kv and self.carry_source and not bounced:
-            chosen = self._carried_pull(s, now, top, chosen)
         return self._record(r, sent, now, int(self.trace.ingress[r]), s, top, chosen, extra)
 
     def _record(
@@ -256,46 +260,19 @@ class HierarchicalPolicy(CatsprotoPolicy):
             extra_rtt_ms=extra,
         )
 
-    def _carried_pull(self, s: int, t: int, wanted: Estimate, chosen: Estimate) -> Estimate:
+    def _carried(self, s: int, wanted: Estimate) -> CarriedPull | None:
         """The ingress's winner `wanted` pulls its prefix from another site's instance:
         that source, and what the ingress priced the pull and the remaining prefill at,
-        travel with the request (the site C-PS's RIB holds only its own site). The pull
-        costs the same to any instance of site s (same link, same source tiers), so the
-        best place for it is the least-queued instance there; the site C-PS takes it if
-        that beats its own best (local hit or a pull inside the site) on its fresh
-        queues. The pending work it records then counts the pull as well, which keeps
-        the destination busy as long as the prefill does."""
+        travel with the request to site s's C-PS, whose RIB holds only its own site
+        (None: no pull, or one from site s itself, which that C-PS prices on its own)."""
+        if not (self.cluster.sc.remote_kv and self.carry_source):
+            return None
         src = wanted.kv_source
         if src is None or src not in self._index:
-            return chosen
+            return None
         if int(self.cluster.site[self._index[src]]) == s:
-            return chosen  # the site C-PS holds that source itself and priced it
-        control = self.control
-        assert isinstance(control, HierarchicalControlPlane)
-        local = control.local_selectors[s]
-        # the queues as they were before this request: its own decision's work aside
-        least = local.least_queued(CS_ID, t, before_last=chosen.address)
-        if least is None:
-            return chosen
-        best, best_q = least
-        total = chosen.rtt_ms + chosen.upload_ms + best_q + wanted.fetch_ms + wanted.prefill_ms
-        if not total < chosen.total_ms:
-            return chosen
-        pulled = dataclasses.replace(
-            chosen,
-            address=best,
-            queue_ms=best_q,
-            cached_blocks=0,  # what matters is the source's prefix (not checked: a pull)
-            expected_cached_blocks=0.0,
-            kv_source=src,
-            fetch_ms=wanted.fetch_ms,
-            prefill_ms=wanted.prefill_ms,
-            total_ms=total,
-        )
-        local.forget_last(CS_ID, chosen.address)
-        local.note(CS_ID, best, t, self._tokens(s, pulled))
-        self.carried_pulls += 1
-        return pulled
+            return None
+        return CarriedPull(src, wanted.fetch_ms, wanted.prefill_ms)
 
     def _floor(self, x: int, t: int) -> float:
         """The least queue among ingress x's own instances at t (x's box knows it
@@ -332,22 +309,39 @@ class HierarchicalPolicy(CatsprotoPolicy):
         """The addresses by which other sites' boxes know site x: its instances."""
         return home.by_address
 
-    def _site_pick(self, s: int, r: int, t: int, *, dry: bool = False) -> Estimate | None:
-        """Site s's C-PS places request r (`dry`: only says where, records nothing)."""
+    def _site_pick(
+        self,
+        s: int,
+        r: int,
+        t: int,
+        *,
+        dry: bool = False,
+        carried: CarriedPull | None = None,
+    ) -> Estimate | None:
+        """Site s's C-PS places request r (`dry`: only says where, records nothing),
+        offered the ingress's pull from another site if `carried` (one `decide`). The
+        sticky margin applies to the site's own choice: a carried pull that beat it
+        stands, and one that beats the holder the margin kept goes in its place (the
+        order of the rules before the selector priced the pull; the margin over the
+        carried pull too was measured, docs/evaluation.md decision 8, and not kept)."""
         control = self.control
         assert isinstance(control, HierarchicalControlPlane)
         local = control.local_selectors[s]
         req = self.trace.requests[r]
         try:
             d = local.decide(
-                Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[s]), t
+                Request(CS_ID, self.trace.keys[r], req.input_length, self._nodes[s], carried),
+                t,
             )
         except NoInstanceError:
             return None
         chosen, ru = d.chosen, d.runner_up
+        pull = d.carried  # the ingress's pull from another site, at its best instance here
+        took = pull is not None and chosen is pull
         margin = self.cluster.sc.site_sticky_ms
         if (
             margin > 0
+            and not took  # a carried pull that beat the site's own best stands
             and ru is not None
             and ru.cached_blocks > chosen.cached_blocks
             and ru.total_ms <= chosen.total_ms + margin
@@ -356,6 +350,12 @@ class HierarchicalPolicy(CatsprotoPolicy):
             local.note(CS_ID, ru.address, t, self._tokens(s, ru))
             chosen = ru
             self.sticky += 1
+            if pull is not None and pull.total_ms < ru.total_ms:
+                # the carried pull still beats the holder kept: it goes there instead
+                local.forget_last(CS_ID, ru.address)
+                local.note(CS_ID, pull.address, t, self._tokens(s, pull))
+                chosen, took = pull, True
+        self.carried_pulls += took
         if dry:
             local.forget_last(CS_ID, chosen.address)
         return chosen
