@@ -235,3 +235,22 @@ def test_summary_kind_zero_is_malformed_both_ways():
     )
     with pytest.raises(wire.BadValueError, match="kind 0"):
         wire.decode(bytes.fromhex(vector["hex"]))
+
+
+def test_the_rib_keeps_the_latest_rejections_and_counts_them_all():
+    """A long-lived selector hears unusable entries from peers forever: it keeps the
+    latest messages (bounded) and a total, not a list that grows without end."""
+    from catsproto.selector.rib import REJECTED_KEPT, RIB
+
+    vector = next(
+        v
+        for v in json.loads((VECTORS / "wire.json").read_text())["positive"]
+        if v["name"] == "unknown-summary-kind"
+    )
+    adv = wire.decode(bytes.fromhex(vector["hex"]))
+    rib = RIB()
+    n = REJECTED_KEPT + 5
+    for _ in range(n):
+        rib.accept(adv, adv.timestamp_ms)
+    assert rib.rejected_total == n and len(rib.rejected) == REJECTED_KEPT
+    assert all("200" in line for line in rib.rejected)

@@ -15,6 +15,7 @@ recording it, never by raising past its caller. Time is `now_ms`, passed in.
 from __future__ import annotations
 
 import ipaddress
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,7 @@ from catsproto.wire import Advertisement, CodecError, L0MetricType, Tier
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_HOLD_TIME_MS = 90_000  # like BGP's default hold time: 3 missed 30 s refreshes
 DEFAULT_PREFILL_TPS = 10_000.0  # tokens/s assumed until an instance advertises its rate
+REJECTED_KEPT = 256  # messages of unusable summary entries kept (a long-lived daemon)
 
 
 @dataclass
@@ -229,7 +231,9 @@ class RIB:
     def __init__(self, hold_time_ms: int = DEFAULT_HOLD_TIME_MS):
         self.hold_time_ms = hold_time_ms
         self.services: dict[int, ServiceTable] = {}
-        self.rejected: list[str] = []  # what could not be used, for logs and tests
+        # what could not be used, for logs and tests: the latest REJECTED_KEPT, and a count
+        self.rejected: deque[str] = deque(maxlen=REJECTED_KEPT)
+        self.rejected_total = 0
 
     def table(self, cs_id: int) -> ServiceTable:
         table = self.services.get(cs_id)
@@ -281,6 +285,7 @@ class RIB:
                 outcome = receiver.apply_entry(entry)
             except CodecError as exc:
                 self.rejected.append(f"{origin.address} {entry.tier.name.lower()} {shard}: {exc}")
+                self.rejected_total += 1
                 outcomes.append((entry.tier, shard, f"rejected: {exc.reason}"))
                 continue
             outcomes.append((entry.tier, shard, outcome.value))
