@@ -60,7 +60,9 @@ def decode_payload(payload: bytes) -> VllmEventBatch:
     """msgpack bytes -> a parsed batch; raises VllmEventError on anything else."""
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # ExtraData, FormatError and StackError are ValueErrors; TypeError is a map key
+        # that Python cannot hash (an array or a map used as a key)
         raise VllmEventError(f"payload is not msgpack: {exc}") from None
     return parse_batch(obj)
 
@@ -322,14 +324,26 @@ class VllmEventSubscriber:
         self._apply(stream, seq, payload)
 
     def _apply(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        """Decode and apply one batch. A batch we refuse still consumes its sequence (a
+        replay would bring the same bytes back), but the events in it are lost to us, and
+        they may have removed blocks: the rank is resynced (its blocks forgotten) so the
+        node under-claims rather than advertises what the engine no longer holds."""
         stream.tracker.applied(seq)
+        rank = stream.endpoint.rank
         try:
             batch = decode_payload(payload)
         except VllmEventError as exc:
-            self.stats.bad_payloads += 1
-            self.stats.last_error = str(exc)
+            self._refused(rank, seq, str(exc))
             return
-        self.ingest.apply_batch(batch, stream.endpoint.rank)
+        try:
+            self.ingest.apply_batch(batch, rank)
+        except Exception as exc:  # a batch that parsed must apply; if not, do not die
+            self._refused(rank, seq, f"{type(exc).__name__}: {exc}")
+
+    def _refused(self, rank: int, seq: int, reason: str) -> None:
+        self.stats.bad_payloads += 1
+        self.stats.last_error = f"rank {rank} batch {seq} refused: {reason}"
+        self.ingest.reset_rank(rank)
 
     def _recover(self, stream: _Stream, seq: int) -> bool:
         """Replay from the first missing sequence. True when the replay covered `seq`."""
