@@ -4,6 +4,8 @@ and the daemons count what they refuse and keep serving."""
 
 from __future__ import annotations
 
+import math
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 import zmq
 
 from catsproto.adapters.instance import NodeAgent
+from catsproto.adapters.transfer_tls import ServerOptions, TransferServer, pull
 from catsproto.adapters.vllm_events import (
     RankEndpoint,
     VllmEventSubscriber,
@@ -31,6 +34,8 @@ from catsproto.node import (
     VllmIngest,
     parse_batch,
 )
+from catsproto.transfer import Puller, StoredBlock, synthetic_keys, synthetic_store
+from catsproto.transfer.frames import MAX_BODY
 from catsproto.wire import Tier
 from tests.test_vllm_events import KEYER, RawEngine, new_cache, snapshot
 
@@ -274,3 +279,106 @@ def test_node_agent_still_builds_when_the_subscriber_fails(
         assert first and node.builder.stats.advertisements == 1  # the first advertisement
     finally:
         node.close()
+
+
+# ---- the transfer server --------------------------------------------------------------
+
+XFER_KEYS = synthetic_keys(7, 12)
+XFER_STORE = synthetic_store(XFER_KEYS, 40_000)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("chunk", 0),
+        ("chunk", MAX_BODY + 1),
+        ("epoch", 0),
+        ("epoch", -1),
+        ("epoch", 1 << 64),
+        ("rate_bps", -5),
+        ("rate_bps", math.nan),
+        ("timeout", -1.0),
+        ("timeout", 0.0),
+        ("timeout", math.nan),
+        ("max_connections", 0),
+        ("max_records", -1),
+    ],
+)
+def test_server_options_are_checked_when_made(field: str, value: float) -> None:
+    name = {"rate_bps": "rate", "timeout": "timeout"}.get(field, field)
+    with pytest.raises(ValueError, match=rf"^{name} {value}"):
+        ServerOptions(**{field: value})
+
+
+def wait_for(condition: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_a_failing_lookup_costs_one_connection_not_the_server() -> None:
+    calls = []
+
+    def lookup(key: int) -> StoredBlock | None:
+        calls.append(key)
+        if len(calls) == 1:
+            raise RuntimeError("store unavailable")
+        return XFER_STORE.get(key)
+
+    with TransferServer(None, None, lookup, options=ServerOptions(plaintext=True)) as srv:
+        first = pull(srv.address, None, None, XFER_KEYS, timeout=5)
+        assert first.completed is None
+        wait_for(lambda: bool(srv.served and srv.served[0].error))  # "" before: thread died
+        assert srv.served[0].error == "internal RuntimeError: store unavailable"
+        assert srv.stats.errors == 1
+        second = pull(srv.address, None, None, XFER_KEYS, timeout=5)
+        assert second.error is None and second.completed is not None
+        assert len(second.completed.blocks) == len(XFER_KEYS)
+        wait_for(lambda: srv.stats.completed == 1)
+
+
+def test_a_puller_that_stops_reading_is_dropped_after_the_timeout() -> None:
+    keys = synthetic_keys(9, 64)
+    store = synthetic_store(keys, 1 << 20)  # 64 MiB: far more than the socket buffers
+    options = ServerOptions(plaintext=True, timeout=0.5)
+    with TransferServer(None, None, store.get, options=options) as srv:
+        stalled = socket.create_connection(srv.address, timeout=5)
+        try:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.sendall(Puller(1, keys).start())  # then never reads
+            wait_for(lambda: bool(srv.served and srv.served[0].error))  # wedged before
+            assert "timed out" in srv.served[0].error and srv.stats.errors == 1
+        finally:
+            stalled.close()
+
+
+def test_connections_above_the_limit_are_refused_at_once() -> None:
+    options = ServerOptions(plaintext=True, timeout=10.0, max_connections=2)
+    with TransferServer(None, None, XFER_STORE.get, options=options) as srv:
+        idle = [socket.create_connection(srv.address, timeout=5) for _ in range(2)]
+        try:
+            wait_for(lambda: srv.stats.connections == 2)
+            extra = socket.create_connection(srv.address, timeout=5)
+            with extra:
+                assert extra.recv(16) == b""  # closed by the server, nothing sent
+            wait_for(lambda: srv.stats.busy == 1)
+            assert srv.served[-1].error.startswith("busy: 2 connections")
+        finally:
+            for s in idle:
+                s.close()
+        # the idle ones end (closed before a PULL) and free their slots
+        wait_for(lambda: srv.stats.errors == 2)
+        r = pull(srv.address, None, None, XFER_KEYS, timeout=5)
+        assert r.error is None and r.completed is not None
+
+
+def test_finished_connections_leave_no_thread_and_bounded_records() -> None:
+    options = ServerOptions(plaintext=True, max_records=3)
+    with TransferServer(None, None, XFER_STORE.get, options=options) as srv:
+        for _ in range(5):
+            r = pull(srv.address, None, None, XFER_KEYS[:2], timeout=5)
+            assert r.error is None
+        wait_for(lambda: srv.stats.completed == 5)
+        wait_for(lambda: not srv._threads)
+        assert len(srv.served) == 3 and srv.stats.connections == 5
