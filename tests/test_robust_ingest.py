@@ -5,9 +5,14 @@ and the daemons count what they refuse and keep serving."""
 from __future__ import annotations
 
 import math
+import select
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -331,7 +336,7 @@ def test_a_failing_lookup_costs_one_connection_not_the_server() -> None:
         assert first.completed is None
         wait_for(lambda: bool(srv.served and srv.served[0].error))  # "" before: thread died
         assert srv.served[0].error == "internal RuntimeError: store unavailable"
-        assert srv.stats.errors == 1
+        wait_for(lambda: srv.stats.errors == 1)  # counted as the thread ends
         second = pull(srv.address, None, None, XFER_KEYS, timeout=5)
         assert second.error is None and second.completed is not None
         assert len(second.completed.blocks) == len(XFER_KEYS)
@@ -348,7 +353,8 @@ def test_a_puller_that_stops_reading_is_dropped_after_the_timeout() -> None:
             stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             stalled.sendall(Puller(1, keys).start())  # then never reads
             wait_for(lambda: bool(srv.served and srv.served[0].error))  # wedged before
-            assert "timed out" in srv.served[0].error and srv.stats.errors == 1
+            assert "timed out" in srv.served[0].error
+            wait_for(lambda: srv.stats.errors == 1)
         finally:
             stalled.close()
 
@@ -382,3 +388,80 @@ def test_finished_connections_leave_no_thread_and_bounded_records() -> None:
         wait_for(lambda: srv.stats.completed == 5)
         wait_for(lambda: not srv._threads)
         assert len(srv.served) == 3 and srv.stats.connections == 5
+
+
+# ---- command-line options that used to be accepted and then break ----------------------
+
+SECRET_HEX = "ab" * 16
+SERVE = ["transfer", "serve", "--plaintext", "--listen", "127.0.0.1:0"]
+INSTANCE = ["instance", "serve", "--secret", SECRET_HEX, "--port", "0"]
+NODE = ["instance", "node", "--secret", SECRET_HEX, "--endpoint", "tcp://127.0.0.1:5999"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["transfer", "serve", "--plaintext", "--listen", "127.0.0.1:99999",
+          "--synthetic", "7:4:1024"], "port 99999 is not 0..65535"),
+        (["transfer", "pull", "--plaintext", "--from", "127.0.0.1:9", "--synthetic", "7:4",
+          "--timeout", "-1"], "--timeout -1.0 is not"),
+        (["transfer", "pull", "--plaintext", "--from", "127.0.0.1:9", "--synthetic", "7:4",
+          "--rate", "-5"], "--rate -5 is not"),
+        ([*SERVE, "--synthetic", "7:4:1024", "--rate", "-5"], "--rate -5 is not"),
+        ([*SERVE, "--synthetic", "7:4:0"], "BYTES 0 is not >= 1"),
+        ([*SERVE, "--synthetic", "7:4:1024", "--chunk", "0"], "--chunk 0 bytes is not"),
+        ([*SERVE, "--synthetic", "7:4:1024", "--epoch", "-1"], "--epoch -1 is not"),
+        (["instance", "serve", "--no-node", "--port", "99999"], "--port 99999 is not"),
+        ([*INSTANCE, "--target-fpr", "2"], "--target-fpr 2.0 is not"),
+        ([*INSTANCE, "--target-fpr", "nan"], "--target-fpr nan is not"),
+        ([*INSTANCE, "--max-message", "100"], "does not fit --max-message 100"),
+        ([*INSTANCE, "--max-message", "770"], "does not fit --max-message 770"),
+        ([*INSTANCE, "--max-message", "70000"], "--max-message 70000 is not"),
+        ([*INSTANCE, "--time-scale", "nan"], "--time-scale nan is not"),
+        ([*INSTANCE, "--prefill-rate", "inf"], "--prefill-rate inf is not"),
+        ([*INSTANCE, "--pub-endpoint", "bogus"], "--pub-endpoint 'bogus'"),
+        ([*NODE, "--dp-ranks", "0"], "--dp-ranks 0 is not >= 1"),
+        ([*NODE, "--dp-ranks", "-1"], "--dp-ranks -1 is not >= 1"),
+    ],
+)  # fmt: skip
+def test_bad_options_exit_2_with_one_line(argv: list[str], says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "catsproto", *argv], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_the_smallest_message_for_the_default_node_is_accepted() -> None:
+    # 771 bytes: the empty-cache advertisement with the defaults (IPv4, one route, the
+    # default model id) and the 384 bytes kept for signature and delegation
+    argv = [sys.executable, "-m", "catsproto", *INSTANCE, "--max-message", "771"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 20)
+        assert ready, "no line from instance serve"
+        assert proc.stderr is not None
+        assert '"listening"' in proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("command", ["serve", "pull"])
+def test_a_key_file_that_is_not_utf8_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    bad = tmp_path / "key.json"
+    bad.write_bytes(b"\xc3\x28")
+    rest = ["--synthetic", "7:4:1024", "--listen", "127.0.0.1:0"]
+    if command == "pull":
+        rest = ["--synthetic", "7:4", "--from", "127.0.0.1:9"]
+    r = subprocess.run(
+        [sys.executable, "-m", "catsproto", "transfer", command, "--key", str(bad),
+         "--trust", str(bad), *rest],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert (
+        r.returncode == 2 and r.stderr == f"catsproto transfer: cannot read {bad}: not UTF-8 text\n"
+    )

@@ -423,22 +423,29 @@ class VllmEventPublisher:
         self._lock = threading.Lock()
         self.bytes_published = 0
         self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.setsockopt(zmq.SNDHWM, 100_000)
-        if engine_binds(self.endpoint):
-            self._pub.bind(self.endpoint)
-            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self._pub.connect(self.endpoint)
         self._router: zmq.Socket | None = None
         self.replay_endpoint: str | None = None
         self._running = True
         self._thread: threading.Thread | None = None
-        if replay_endpoint is not None:
-            self._router = self._ctx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
-            self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:  # a bad endpoint raises ZMQError (or ValueError): leave no socket behind
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, 100_000)
+            if engine_binds(self.endpoint):
+                self._pub.bind(self.endpoint)
+                self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                self._pub.connect(self.endpoint)
+            if replay_endpoint is not None:
+                self._router = self._ctx.socket(zmq.ROUTER)
+                self._router.setsockopt(zmq.LINGER, 0)
+                self._router.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
+                self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        except (zmq.ZMQError, ValueError):
+            self._pub.close(linger=0)
+            if self._router is not None:
+                self._router.close(linger=0)
+            raise
+        if self._router is not None:
             self._thread = threading.Thread(target=self._serve_replay, daemon=True)
             self._thread.start()
 
