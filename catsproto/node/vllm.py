@@ -26,6 +26,10 @@ struct is not array-like.
 * a block whose parent hash is unknown (we joined late) cannot be keyed: counted as an
   orphan and skipped.
 
+`parse_batch` checks every field of every event against vLLM's types before it returns,
+so a batch either parses whole or raises one `VllmEventError` and `apply_batch` never
+sees a half-valid batch.
+
 `SequenceTracker` classifies each batch's 8-byte sequence: next in line, a gap (recover
 through the replay socket), a duplicate of a replayed batch, or a restart (the engine
 counts from 0 again). Pure: no sockets, no clocks.
