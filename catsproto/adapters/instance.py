@@ -608,6 +608,8 @@ class NodeAgent:
         self.poll_ms = poll_ms
         self.latest: dict[str, RouteAdvertisement] = {}
         self.error: str = ""
+        self.ingest_errors = 0
+        """Subscriber polls that raised (the subscriber itself counts refused batches)."""
         self.registry = node_registry(
             NodeCollector(
                 self.cache,
@@ -629,7 +631,11 @@ class NodeAgent:
     def step(self, timeout_ms: int = 0) -> list[RouteAdvertisement]:
         """One round: take in events, then ask the builder (exposed for tests)."""
         with self._lock:
-            self.subscriber.poll(timeout_ms)
+            try:
+                self.subscriber.poll(timeout_ms)
+            except Exception as exc:  # the builder still runs: its refreshes are due anyway
+                self.ingest_errors += 1
+                self.error = f"event ingest: {type(exc).__name__}: {exc}"
             routes = self.builder.poll(int(time.time() * 1000), self.compute_state())
             for r in routes:
                 self.latest[str(r.prefix)] = r
@@ -660,8 +666,17 @@ class NodeAgent:
                 },
                 "subscriber": {
                     k: getattr(self.subscriber.stats, k)
-                    for k in ("frames", "bytes", "gaps", "resyncs", "restarts")
+                    for k in (
+                        "frames",
+                        "bytes",
+                        "gaps",
+                        "resyncs",
+                        "restarts",
+                        "bad_payloads",
+                        "last_error",
+                    )
                 },
+                "ingest_errors": self.ingest_errors,
                 "builder": {
                     "advertisements": self.builder.stats.advertisements,
                     "suppressed": self.builder.stats.suppressed,

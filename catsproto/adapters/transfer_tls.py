@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import select
 import socket
@@ -29,6 +30,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,7 @@ from catsproto.transfer import (
     TransferError,
     TruncatedTransferError,
 )
+from catsproto.transfer.frames import MAX_BODY
 
 TRANSFER_PORT = 7470
 """Where an instance serves pulls: this TCP port on its advertised Origin address (the
@@ -287,11 +290,50 @@ class ServedTransfer:
 
 @dataclass
 class ServerOptions:
+    """How the holder serves. Checked when made: a bad value raises ValueError naming it,
+    rather than every later pull failing on it.
+
+    timeout: seconds any one read or write may block (a stalled puller is dropped).
+    max_connections: connections served at once; one more is closed at accept, unserved.
+    max_records: how many `ServedTransfer` records the server keeps (the newest).
+    """
+
     epoch: int = 1
     rate_bps: float = 0
     chunk: int = 256 << 10
     plaintext: bool = False  # benchmarks only: the same frames over bare TCP
     timeout: float = 30.0
+    max_connections: int = 64
+    max_records: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0 < self.epoch < 1 << 64:
+            raise ValueError(f"epoch {self.epoch} is not 1..2^64-1 (0 means none on the wire)")
+        if not 0 <= self.rate_bps < 2**64:  # also refuses NaN
+            raise ValueError(f"rate {self.rate_bps} bytes/s is not 0 (none)..2^64-1")
+        if not 0 < self.chunk <= MAX_BODY:
+            raise ValueError(f"chunk {self.chunk} bytes is not 1..{MAX_BODY}")
+        if not 0 < self.timeout < math.inf:
+            raise ValueError(f"timeout {self.timeout} s is not a positive number")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections {self.max_connections} is not >= 1")
+        if self.max_records < 0:
+            raise ValueError(f"max_records {self.max_records} is not >= 0")
+
+
+@dataclass
+class ServerStats:
+    """Counters over the server's whole life (`served` keeps only the newest records)."""
+
+    connections: int = 0
+    """Connections taken in and served (busy refusals not included)."""
+    completed: int = 0
+    """Served to the end of the pull (all blocks, or up to an eviction)."""
+    cancelled: int = 0
+    errors: int = 0
+    """Connections that ended in an error (refused peers, timeouts, bad frames ...)."""
+    busy: int = 0
+    """Connections closed at once because max_connections were being served."""
 
 
 class TransferServer:
@@ -312,8 +354,10 @@ class TransferServer:
         self.identity, self.policy, self.lookup = identity, policy, lookup
         self._listener = socket.create_server((host, port))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        self.served: list[ServedTransfer] = []
-        self._threads: list[threading.Thread] = []
+        self.served: deque[ServedTransfer] = deque(maxlen=self.options.max_records)
+        self.stats = ServerStats()
+        self._threads: set[threading.Thread] = set()
+        self._slots = threading.BoundedSemaphore(self.options.max_connections)
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
@@ -329,7 +373,9 @@ class TransferServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._accept.join(timeout=5)
-        for t in list(self._threads):
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout=5)
 
     def __enter__(self) -> TransferServer:
@@ -344,14 +390,43 @@ class TransferServer:
                 conn, peer = self._listener.accept()
             except OSError:
                 return
-            t = threading.Thread(target=self._serve, args=(conn, peer), daemon=True)
-            self._threads.append(t)
+            if not self._slots.acquire(blocking=False):
+                # refuse rather than queue: the puller learns at once and can recompute
+                with contextlib.suppress(OSError):
+                    conn.close()
+                with self._lock:
+                    self.stats.busy += 1
+                    self.served.append(
+                        ServedTransfer(
+                            f"{peer[0]}:{peer[1]}",
+                            error=f"busy: {self.options.max_connections} connections in service",
+                        )
+                    )
+                continue
+            t = threading.Thread(target=self._serve_counted, args=(conn, peer), daemon=True)
+            with self._lock:
+                self._threads.add(t)
             t.start()
 
-    def _serve(self, conn: socket.socket, peer: tuple) -> None:
+    def _serve_counted(self, conn: socket.socket, peer: tuple) -> None:
         record = ServedTransfer(f"{peer[0]}:{peer[1]}")
         with self._lock:
             self.served.append(record)
+            self.stats.connections += 1
+        try:
+            self._serve(conn, record)
+        finally:
+            with self._lock:
+                if record.error:
+                    self.stats.errors += 1
+                elif record.cancelled:
+                    self.stats.cancelled += 1
+                else:
+                    self.stats.completed += 1
+                self._threads.discard(threading.current_thread())
+            self._slots.release()
+
+    def _serve(self, conn: socket.socket, record: ServedTransfer) -> None:
         conn.settimeout(self.options.timeout)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = conn
@@ -363,6 +438,8 @@ class TransferServer:
             self._stream(sock, record)
         except (TransferError, OSError, ssl.SSLError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a bug must cost one connection, never the server
+            record.error = f"internal {type(exc).__name__}: {exc}"
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -373,11 +450,14 @@ class TransferServer:
         while holder.pull is None and not holder.finished:
             data = sock.recv(RECV_SIZE)
             if not data:
+                record.error = "connection closed before a PULL"
                 return
             holder.receive(data)
-        assert holder.pull is not None
+        if holder.pull is None:  # cancelled before it asked for anything
+            record.cancelled = True
+            return
         record.transfer_id = holder.pull.transfer_id
-        sock.setblocking(True)
+        # the socket keeps options.timeout: a puller that stops reading fails sendall
         while not holder.finished and not self._closing.is_set():
             if _readable(sock):
                 data = sock.recv(RECV_SIZE)

@@ -60,7 +60,9 @@ def decode_payload(payload: bytes) -> VllmEventBatch:
     """msgpack bytes -> a parsed batch; raises VllmEventError on anything else."""
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # ExtraData, FormatError and StackError are ValueErrors; TypeError is a map key
+        # that Python cannot hash (an array or a map used as a key)
         raise VllmEventError(f"payload is not msgpack: {exc}") from None
     return parse_batch(obj)
 
@@ -322,14 +324,26 @@ class VllmEventSubscriber:
         self._apply(stream, seq, payload)
 
     def _apply(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        """Decode and apply one batch. A batch we refuse still consumes its sequence (a
+        replay would bring the same bytes back), but the events in it are lost to us, and
+        they may have removed blocks: the rank is resynced (its blocks forgotten) so the
+        node under-claims rather than advertises what the engine no longer holds."""
         stream.tracker.applied(seq)
+        rank = stream.endpoint.rank
         try:
             batch = decode_payload(payload)
         except VllmEventError as exc:
-            self.stats.bad_payloads += 1
-            self.stats.last_error = str(exc)
+            self._refused(rank, seq, str(exc))
             return
-        self.ingest.apply_batch(batch, stream.endpoint.rank)
+        try:
+            self.ingest.apply_batch(batch, rank)
+        except Exception as exc:  # a batch that parsed must apply; if not, do not die
+            self._refused(rank, seq, f"{type(exc).__name__}: {exc}")
+
+    def _refused(self, rank: int, seq: int, reason: str) -> None:
+        self.stats.bad_payloads += 1
+        self.stats.last_error = f"rank {rank} batch {seq} refused: {reason}"
+        self.ingest.reset_rank(rank)
 
     def _recover(self, stream: _Stream, seq: int) -> bool:
         """Replay from the first missing sequence. True when the replay covered `seq`."""
@@ -409,22 +423,29 @@ class VllmEventPublisher:
         self._lock = threading.Lock()
         self.bytes_published = 0
         self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.setsockopt(zmq.SNDHWM, 100_000)
-        if engine_binds(self.endpoint):
-            self._pub.bind(self.endpoint)
-            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self._pub.connect(self.endpoint)
         self._router: zmq.Socket | None = None
         self.replay_endpoint: str | None = None
         self._running = True
         self._thread: threading.Thread | None = None
-        if replay_endpoint is not None:
-            self._router = self._ctx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
-            self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:  # a bad endpoint raises ZMQError (or ValueError): leave no socket behind
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, 100_000)
+            if engine_binds(self.endpoint):
+                self._pub.bind(self.endpoint)
+                self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                self._pub.connect(self.endpoint)
+            if replay_endpoint is not None:
+                self._router = self._ctx.socket(zmq.ROUTER)
+                self._router.setsockopt(zmq.LINGER, 0)
+                self._router.bind(offset_endpoint_port(replay_endpoint, data_parallel_rank))
+                self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        except (zmq.ZMQError, ValueError):
+            self._pub.close(linger=0)
+            if self._router is not None:
+                self._router.close(linger=0)
+            raise
+        if self._router is not None:
             self._thread = threading.Thread(target=self._serve_replay, daemon=True)
             self._thread.start()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -71,12 +72,23 @@ def _secret(args: argparse.Namespace) -> bytes:
     return secret
 
 
-def _builder_config(args: argparse.Namespace) -> BuilderConfig:
+def _builder_config(args: argparse.Namespace, tiers: list[TierSpec]) -> BuilderConfig:
+    """The node's configuration, checked by building the first (empty-cache) advertisement:
+    what the message size must hold depends on the model id, the address family and the
+    shard range, so the builder itself is the judge."""
+    from catsproto.node import AdvertisementBuilder, TieredCache
+
+    if not 0 < args.target_fpr < 1:  # also refuses NaN
+        raise UsageError(f"--target-fpr {args.target_fpr} is not between 0 and 1")
+    if not 0 < args.max_message <= 65535:
+        raise UsageError(f"--max-message {args.max_message} is not 1..65535")
+    if not 0 < args.prefill_rate < math.inf:
+        raise UsageError(f"--prefill-rate {args.prefill_rate} is not a positive number")
     try:
         shape = ModelShape(
             args.layers, args.kv_heads, args.head_dim, args.dtype_bytes, args.block_size
         )
-        return BuilderConfig(
+        config = BuilderConfig(
             cs_id=args.cs_id,
             address=args.address,
             model_id=args.model_id,
@@ -91,8 +103,16 @@ def _builder_config(args: argparse.Namespace) -> BuilderConfig:
                 args.min_interval_ms, args.max_interval_ms, args.change_threshold
             ),
         )
+        builder = AdvertisementBuilder(config, TieredCache(tiers), 1)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        builder.poll(0, ComputeState(prefill_rate_tps=args.prefill_rate), force=True)
+    except (ValueError, ArithmeticError) as exc:  # AdvertisementTooLarge, or no room to size
+        raise UsageError(
+            f"the node's first advertisement does not fit --max-message {args.max_message}: {exc}"
+        ) from None
+    return config
 
 
 def _writer(path: str | None) -> tuple[Any, TextIO | None]:
@@ -121,25 +141,41 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
+def _port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise UsageError(f"--port {value} is not 0..65535")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    import zmq
+
     from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine, NodeAgent
     from catsproto.adapters.vllm_events import RankEndpoint
 
     tiers = _tiers(args)
-    if args.prefill_rate <= 0 or args.time_scale <= 0:
-        raise UsageError("--prefill-rate and --time-scale must be > 0")
-    config = _builder_config(args) if not args.no_node else None
+    port = _port(args.port)
+    for name, value in (("--prefill-rate", args.prefill_rate), ("--time-scale", args.time_scale)):
+        if not 0 < value < math.inf:  # also refuses NaN
+            raise UsageError(f"{name} {value} is not a positive number")
+    config = _builder_config(args, tiers) if not args.no_node else None
     secret = _secret(args) if not args.no_node else b""
-    engine = ModelledEngine(
-        EngineConfig(
-            block_size=args.block_size,
-            prefill_rate_tps=args.prefill_rate,
-            time_scale=args.time_scale,
-            tiers=tuple(tiers),
-            pub_endpoint=args.pub_endpoint,
-            replay_endpoint=args.replay_endpoint,
+    try:
+        engine = ModelledEngine(
+            EngineConfig(
+                block_size=args.block_size,
+                prefill_rate_tps=args.prefill_rate,
+                time_scale=args.time_scale,
+                tiers=tuple(tiers),
+                pub_endpoint=args.pub_endpoint,
+                replay_endpoint=args.replay_endpoint,
+            )
         )
-    )
+    except (zmq.ZMQError, ValueError) as exc:
+        raise UsageError(
+            f"cannot publish KV events on --pub-endpoint {args.pub_endpoint!r} "
+            f"/ --replay-endpoint {args.replay_endpoint!r}: {exc}"
+        ) from None
     node = None
     sink = None
     try:
@@ -157,7 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_routes=on_routes,
                 hits=engine.hits,
             ).start()
-        server = InstanceServer(engine, node, args.host, args.port).start()
+        server = InstanceServer(engine, node, args.host, port).start()
     except (OSError, ValueError) as exc:
         if node is not None:
             node.close()
@@ -188,7 +224,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     from catsproto.adapters.vllm_events import subscriber_endpoints
 
     tiers = _tiers(args)
-    config = _builder_config(args)
+    if args.dp_ranks < 1:
+        raise UsageError(f"--dp-ranks {args.dp_ranks} is not >= 1")
+    config = _builder_config(args, tiers)
     try:
         endpoints = subscriber_endpoints(
             args.endpoint, args.replay_endpoint, range(args.dp_ranks), args.engine_host

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import signal
 import sys
 import threading
@@ -33,7 +34,15 @@ def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise UsageError(f"address {text!r} is not HOST:PORT")
+    if not 0 <= int(port) <= 65535:
+        raise UsageError(f"address {text!r}: port {int(port)} is not 0..65535")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _rate(args: argparse.Namespace) -> int:
+    if not 0 <= args.rate < 1 << 64:
+        raise UsageError(f"--rate {args.rate} is not 0 (none)..2^64-1 bytes/s")
+    return int(args.rate)
 
 
 def _synthetic(text: str, parts: int) -> list[int]:
@@ -41,15 +50,21 @@ def _synthetic(text: str, parts: int) -> list[int]:
         values = [int(x) for x in text.split(":")]
     except ValueError:
         raise UsageError(f"--synthetic {text!r}: integers separated by ':'") from None
-    if len(values) != parts or any(v < 0 for v in values) or values[1] < 1:
-        shape = "SEED:COUNT:BYTES" if parts == 3 else "SEED:COUNT"
+    shape = "SEED:COUNT:BYTES" if parts == 3 else "SEED:COUNT"
+    if len(values) != parts or any(v < 0 for v in values):
         raise UsageError(f"--synthetic {text!r} is not {shape}")
+    if values[1] < 1:
+        raise UsageError(f"--synthetic {text!r}: COUNT {values[1]} is not >= 1")
+    if parts == 3 and values[2] < 1:
+        raise UsageError(f"--synthetic {text!r}: BYTES {values[2]} is not >= 1")
     return values
 
 
 def _json_file(path: str) -> Any:
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {path}: not UTF-8 text") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
 
@@ -81,13 +96,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from catsproto.transfer import synthetic_keys, synthetic_store
 
     seed, count, size = _synthetic(args.synthetic, 3)
+    host, port = _address(args.listen)
+    try:
+        options = ServerOptions(
+            epoch=args.epoch, rate_bps=_rate(args), chunk=args.chunk, plaintext=args.plaintext
+        )
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None  # the message starts with the option's name
     store = synthetic_store(synthetic_keys(seed, count), size)
     identity, policy = _credentials(args)
-    host, port = _address(args.listen)
-    options = ServerOptions(
-        epoch=args.epoch, rate_bps=args.rate, chunk=args.chunk, plaintext=args.plaintext
-    )
-    server = TransferServer(identity, policy, store.get, host, port, options).start()
+    try:
+        server = TransferServer(identity, policy, store.get, host, port, options).start()
+    except OSError as exc:
+        if identity is not None:
+            identity.close()
+        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -108,17 +131,23 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from catsproto.transfer import synthetic_keys
 
     seed, count = _synthetic(args.synthetic, 2)
+    source = _address(args.source)
+    rate = _rate(args)
+    if not 0 < args.timeout < math.inf:
+        raise UsageError(f"--timeout {args.timeout} is not a positive number of seconds")
+    if not 0 <= args.transfer_id < 1 << 64:
+        raise UsageError(f"--transfer-id {args.transfer_id} is not 0..2^64-1")
     keys = synthetic_keys(seed, count)
     identity, policy = _credentials(args)
     cpu = time.process_time()
     try:
         r = pull(
-            _address(args.source),
+            source,
             identity,
             policy,
             keys,
             transfer_id=args.transfer_id,
-            rate_bps=args.rate,
+            rate_bps=rate,
             timeout=args.timeout,
         )
     finally:

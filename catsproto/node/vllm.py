@@ -26,6 +26,10 @@ struct is not array-like.
 * a block whose parent hash is unknown (we joined late) cannot be keyed: counted as an
   orphan and skipped.
 
+`parse_batch` checks every field of every event against vLLM's types before it returns,
+so a batch either parses whole or raises one `VllmEventError` and `apply_batch` never
+sees a half-valid batch.
+
 `SequenceTracker` classifies each batch's 8-byte sequence: next in line, a gap (recover
 through the replay socket), a duplicate of a replayed batch, or a restart (the engine
 counts from 0 again). Pure: no sockets, no clocks.
@@ -34,6 +38,7 @@ counts from 0 again). Pure: no sockets, no clocks.
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +143,95 @@ _CLASSES: dict[str, tuple[type, tuple[str, ...]]] = {
 }
 
 
+# Field checks follow vLLM's event structs (vllm/distributed/kv_events.py): a hash is an
+# int (64 bits, signed or unsigned: older engines used Python's hash()) or bytes; token
+# ids are u32; every optional field is its type or None. Each check raises one
+# VllmEventError naming the event, the field and the value, so a batch either parses
+# whole or changes nothing.
+
+_I64_MIN = -(1 << 63)
+_U64 = 1 << 64
+_U32 = 1 << 32
+_U32_CODE = next(code for code in "IL" if array(code).itemsize == 4)
+
+
+def _int_in(value: object, lo: int, hi: int) -> bool:
+    """An int (a bool is not one here) with lo <= value < hi."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value < hi
+
+
+def _bad(tag: str, name: str, value: object, want: str) -> VllmEventError:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return VllmEventError(f"{tag}.{name} {shown} is not {want}")
+
+
+def _is_hash(value: object) -> bool:
+    return isinstance(value, bytes) or _int_in(value, _I64_MIN, _U64)
+
+
+def _check_hashes(tag: str, name: str, value: object) -> None:
+    if not isinstance(value, list | tuple):
+        raise _bad(tag, name, value, "an array")
+    for h in value:
+        if not (type(h) is bytes or (type(h) is int and _I64_MIN <= h < _U64)):
+            raise _bad(tag, name, h, "a block hash (64-bit int or bytes)")
+
+
+def _check_parent(tag: str, name: str, value: object) -> None:
+    if value is not None and not _is_hash(value):
+        raise _bad(tag, name, value, "a block hash (64-bit int or bytes) or nil")
+
+
+def _check_tokens(tag: str, name: str, value: object) -> None:
+    if not isinstance(value, list | tuple):
+        raise _bad(tag, name, value, "an array")
+    # the ingest hot path (16+ tokens a block): an unsigned 32-bit array takes only ints in
+    # range, in C; a bool passes as 0 or 1, which keys like those tokens and breaks nothing
+    try:
+        array(_U32_CODE, value)
+    except (TypeError, OverflowError):
+        wrong = next(t for t in value if not _int_in(t, 0, _U32))
+        raise _bad(tag, name, wrong, "a token id (0..2^32-1)") from None
+
+
+def _check_block_size(tag: str, name: str, value: object) -> None:
+    if not _int_in(value, 1, _U32):
+        raise _bad(tag, name, value, "a block size (1..2^32-1)")
+
+
+def _check_opt_int(tag: str, name: str, value: object) -> None:
+    if value is not None and not _int_in(value, _I64_MIN, _U64):
+        raise _bad(tag, name, value, "a 64-bit integer or nil")
+
+
+def _check_opt_str(tag: str, name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _bad(tag, name, value, "a string or nil")
+
+
+def _check_opt_array(tag: str, name: str, value: object) -> None:
+    if value is not None and not isinstance(value, list | tuple):
+        raise _bad(tag, name, value, "an array or nil")
+
+
+_FIELD_CHECKS = {
+    "block_hashes": _check_hashes,
+    "parent_block_hash": _check_parent,
+    "token_ids": _check_tokens,
+    "block_size": _check_block_size,
+    "lora_id": _check_opt_int,
+    "medium": _check_opt_str,
+    "lora_name": _check_opt_str,
+    "extra_keys": _check_opt_array,
+    "group_idx": _check_opt_int,
+    "kv_cache_spec_kind": _check_opt_str,
+    "kv_cache_spec_sliding_window": _check_opt_int,
+}
+assert set(_FIELD_CHECKS) == set(_STORED_FIELDS) | set(_REMOVED_FIELDS)
+
+
 def _tag(raw: object) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
@@ -166,13 +260,8 @@ def parse_event(obj: object) -> VllmEvent:
         raise VllmEventError(f"an event is a map or a tagged array, not {type(obj).__name__}")
     if missing:
         raise VllmEventError(f"{tag} lacks {', '.join(missing)}")
-    if "block_hashes" in known and not isinstance(known["block_hashes"], list | tuple):
-        raise VllmEventError(f"{tag}.block_hashes is not an array")
-    if tag == "BlockStored":
-        if not isinstance(known["token_ids"], list | tuple):
-            raise VllmEventError("BlockStored.token_ids is not an array")
-        if not isinstance(known["block_size"], int) or known["block_size"] < 1:
-            raise VllmEventError(f"BlockStored.block_size {known['block_size']!r} is not >= 1")
+    for name, value in known.items():
+        _FIELD_CHECKS[name](tag, name, value)
     return cls(**known)
 
 
@@ -185,10 +274,14 @@ def parse_batch(obj: object) -> VllmEventBatch:
         rank = obj[2] if len(obj) == 3 else None
     else:
         raise VllmEventError("a batch is [ts, events, data_parallel_rank]")
-    if not isinstance(ts, int | float) or not isinstance(events, list | tuple):
+    if (
+        isinstance(ts, bool)
+        or not isinstance(ts, int | float)
+        or not isinstance(events, list | tuple)
+    ):
         raise VllmEventError("a batch needs a numeric ts and an events array")
-    if rank is not None and not isinstance(rank, int):
-        raise VllmEventError(f"data_parallel_rank {rank!r} is not an integer")
+    if rank is not None and not _int_in(rank, 0, _U32):
+        raise VllmEventError(f"data_parallel_rank {rank!r} is not an integer 0..2^32-1")
     return VllmEventBatch(float(ts), tuple(parse_event(e) for e in events), rank)
 
 
@@ -367,7 +460,7 @@ class VllmIngest:
             if tokens_mode:
                 key = self.keyer.chain(prev, ev.token_ids[i * bs : (i + 1) * bs])
             else:
-                key = self.keyer.engine_key(self.engine, h)  # type: ignore[arg-type]
+                key = self.keyer.engine_key(self.engine, _engine_id(h))
             depth += 1
             if h in known:
                 del known[h]  # re-insert as newest
@@ -442,3 +535,9 @@ class VllmIngest:
 
 def _has_extra(extra: Sequence[Any] | None) -> bool:
     return bool(extra) and any(e is not None for e in extra)  # type: ignore[union-attr]
+
+
+def _engine_id(h: int | bytes) -> int:
+    """An engine hash as an int: bytes hashes by their last 8 bytes, as vLLM itself does
+    when it is asked for int hashes."""
+    return int.from_bytes(h[-8:], "big") if isinstance(h, bytes) else h
