@@ -146,3 +146,13 @@ def test_sharded_sender_grows_shards_when_a_snapshot_no_longer_fits() -> None:
     assert len(grown) == 1 << sender.shard_bits
     assert all(u.tlv_bytes <= budget and not u.update.is_delta for u in grown)
     assert min(u.update.version for u in grown) > first[0].update.version
+
+
+@pytest.mark.parametrize("budget", [0, 10, ENTRY_OVERHEAD])
+def test_a_budget_with_no_room_for_a_summary_is_refused_at_once(budget: int) -> None:
+    """A sender given a budget its entry's own fields fill is refused when made, with
+    the numbers (it used to fail later, dividing by zero or taking log2 of a negative)."""
+    with pytest.raises(ValueError, match=f"budget of {budget} bytes leaves no room"):
+        ShardedSender(budget, 0.01)
+    with pytest.raises(ValueError, match=f"budget of {budget} bytes leaves no room"):
+        build_shards(np.arange(1, 100, dtype=np.uint64), budget, 0.01)

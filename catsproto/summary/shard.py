@@ -126,7 +126,16 @@ class Shard:
         return ENTRY_OVERHEAD + self.summary.size()
 
 
+def _check_budget(budget_bytes: int) -> None:
+    if budget_bytes <= ENTRY_OVERHEAD:
+        raise ValueError(
+            f"budget of {budget_bytes} bytes leaves no room for a summary "
+            f"(an entry's own fields take {ENTRY_OVERHEAD})"
+        )
+
+
 def _estimated_shard_bits(keys: np.ndarray, budget: int, target_fpr: float) -> int:
+    _check_budget(budget)
     room = budget - ENTRY_OVERHEAD
     total = min(Summary.estimates(keys, target_fpr).values())
     if total <= room:
@@ -145,8 +154,7 @@ def build_shards(
 ) -> list[Shard]:
     """Split ``keys`` into the fewest aligned shards whose TLVs each fit ``budget_bytes``."""
     ukeys = unique_keys(keys)
-    if budget_bytes <= ENTRY_OVERHEAD:
-        raise ValueError(f"budget of {budget_bytes} bytes leaves no room for a summary")
+    _check_budget(budget_bytes)
     bits = max(min_shard_bits, _estimated_shard_bits(ukeys, budget_bytes, target_fpr))
     while bits <= MAX_SHARD_BITS:
         shards = []
@@ -195,6 +203,7 @@ class ShardedSender:
         snapshot_every: int = 8,
         min_shard_bits: int = 0,
     ) -> None:
+        _check_budget(budget_bytes)
         self.budget_bytes = budget_bytes
         self.target_fpr = target_fpr
         self.kind = kind
