@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from catsproto import cli, wire
+from catsproto.commands import UsageError, bytes_from_input
 from catsproto.wire import Reader
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())
@@ -110,3 +111,107 @@ def test_unknown_tlv_type_must_be_an_integer_in_range(code, tmp_path, capsys):
 def test_unknown_tlv_refuses_a_bool_type():
     with pytest.raises(wire.BadValueError, match=r"outside 0\.\.65535"):
         wire.UnknownTLV(True, b"")
+
+
+# ---- decode / encode / vectors / sign / verify -------------------------------------------
+
+
+def test_vectors_into_a_missing_folder_or_under_a_file_writes_nothing(tmp_path, capsys):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    refused(["vectors", str(tmp_path / "missing")], capsys, "does not exist")
+    refused(["vectors", str(regular / "sub")], capsys, str(regular / "sub"))
+    refused(["vectors", str(regular)], capsys, "is not a directory")
+    refused(["vectors", "--check", str(tmp_path / "missing")], capsys, "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert regular.read_text() == "x"
+
+
+def test_vectors_writes_into_an_existing_folder(tmp_path, capsys):
+    status, _, _ = catsproto(["vectors", str(tmp_path)], capsys)
+    assert status == 0
+    assert json.loads((tmp_path / "wire.json").read_text()) == VECTORS
+    assert catsproto(["vectors", "--check", str(tmp_path)], capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sign", "value.hex", "--key", "node.key", "--route", "192.0.2.10/32"],
+        ["verify", "value.hex", "--trust", "trust.json", "--route", "192.0.2.10/32"],
+        ["decode", "value.hex"],
+        ["decode", "--attribute", "value.hex"],
+        ["encode", "adv.json"],
+        ["encode", "--attribute", "adv.json"],
+        ["inspect", "capture.pcap"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+@pytest.mark.parametrize("code", ["999", "-1", "256", "x"])
+def test_type_code_outside_one_octet_is_refused_on_the_command_line(argv, code, capsys):
+    refused([*argv, "--type-code", code], capsys, "--type-code", code)
+
+
+def test_type_codes_0_and_255_are_accepted(tmp_path, capsys):
+    vector = POSITIVE["minimal-ipv4"]
+    doc = tmp_path / "adv.json"
+    doc.write_text(json.dumps(vector["json"]))
+    for code in (0, 255):
+        status, out, err = catsproto(
+            ["encode", "--attribute", "--type-code", str(code), str(doc)], capsys
+        )
+        assert status == 0, err
+        attr = bytes.fromhex(out.strip())
+        assert attr[1] == code
+        hexfile = tmp_path / f"attr{code}.hex"
+        hexfile.write_text(attr.hex())
+        status, out, err = catsproto(
+            ["decode", "--attribute", "--type-code", str(code), "--compact", str(hexfile)], capsys
+        )
+        assert status == 0, err
+        assert json.loads(out) == vector["json"]
+
+
+def test_colon_separated_hex_decodes_like_plain_hex(tmp_path, capsys):
+    vector = POSITIVE["cache-state"]
+    data = bytes.fromhex(vector["hex"])
+    pairs = [f"{b:02x}" for b in data]
+    colon = ":".join(pairs)
+    lines = "\n".join(":".join(pairs[i : i + 16]) for i in range(0, len(pairs), 16))
+    for text in (colon, colon.upper(), "0x" + colon, lines + "\n", " ".join(pairs)):
+        assert bytes_from_input(text.encode()) == data
+        path = tmp_path / "value.hex"
+        path.write_text(text)
+        status, out, err = catsproto(["decode", "--compact", str(path)], capsys)
+        assert status == 0, err
+        assert json.loads(out) == vector["json"]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("hello world", ["not hex", "'h' at character 1"]),
+        ("0001 0001 01 ; version", ["not hex", "';' at character 14"]),
+        ("00:01:0", ["colon-separated", "byte pairs"]),
+        ("00::01", ["colon-separated"]),
+        ("000:100", ["colon-separated"]),
+        ("00:01:", ["colon-separated"]),
+        ("abc", ["odd number of digits"]),
+    ],
+)
+def test_printable_text_that_is_not_hex_is_refused(text, words, tmp_path, capsys):
+    with pytest.raises(UsageError):
+        bytes_from_input(text.encode())
+    path = tmp_path / "value.txt"
+    path.write_text(text)
+    line = refused(["decode", str(path)], capsys, *words)
+    assert "TLV" not in line  # not a codec error about TLVs read from ASCII codes
+
+
+def test_raw_bytes_are_kept_as_they_are():
+    for vector in VECTORS["positive"]:
+        value = bytes.fromhex(vector["hex"])
+        attr = bytes.fromhex(vector["attribute"])
+        assert bytes_from_input(value) == value
+        assert bytes_from_input(attr) == attr
+    assert bytes_from_input(b"\x00abc:") == b"\x00abc:"  # a NUL: raw, not text
