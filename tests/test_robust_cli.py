@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from catsproto import cli, wire
+from catsproto.adapters.trace import TraceFormatError, load_scenario, parse_trace_line, read_trace
 from catsproto.commands import UsageError, bytes_from_input
+from catsproto.keys import BlockKeyer
+from catsproto.sim import PreparedTrace, Scenario, ScenarioError, TraceRequest, apply_overrides
+from catsproto.sim.scenario import SEED_MAX
 from catsproto.wire import Reader
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())
@@ -215,3 +219,151 @@ def test_raw_bytes_are_kept_as_they_are():
         assert bytes_from_input(value) == value
         assert bytes_from_input(attr) == attr
     assert bytes_from_input(b"\x00abc:") == b"\x00abc:"  # a NUL: raw, not text
+
+
+# ---- eval ------------------------------------------------------------------------------
+
+GOOD_LINE = '{"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}'
+RUN = ["--limit", "5", "--sweep-limit", "0", "--quiet", "--policies", "nearest"]
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD_LINE + "\n" + GOOD_LINE.replace("3000", "6000") + "\n")
+    return path
+
+
+def test_a_good_trace_runs(trace, capsys):
+    status, out, err = catsproto(["eval", "--trace", str(trace), *RUN], capsys)
+    assert status == 0, err
+    assert "nearest" in out
+
+
+def test_non_utf8_trace_names_the_line(tmp_path, capsys):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(GOOD_LINE.encode() + b"\n" + b'{"timestamp": 0, "x": "\xe9"}\n')
+    with pytest.raises(TraceFormatError, match="trace line 2: not UTF-8"):
+        read_trace(path)
+    refused(["eval", "--trace", str(path), *RUN], capsys, "trace line 2", "not UTF-8")
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"timestamp": 1e400, "input_length": 1, "hash_ids": [1]}', ["timestamp", "inf"]),
+        ('{"timestamp": NaN, "input_length": 1, "hash_ids": [1]}', ["timestamp", "nan"]),
+        ('{"timestamp": 1e300, "input_length": 1, "hash_ids": [1]}', ["timestamp", "1e+300"]),
+        ('{"timestamp": -1, "input_length": 1, "hash_ids": [1]}', ["timestamp", "-1"]),
+        ('{"timestamp": true, "input_length": 1, "hash_ids": [1]}', ["timestamp", "True"]),
+        ('{"timestamp": "5", "input_length": 1, "hash_ids": [1]}', ["timestamp", "'5'"]),
+        ("[1, 2]", ["must be a JSON object, not list"]),
+        ('{"timestamp": 0, "input_length": 5}', ["missing field 'hash_ids'"]),
+        ('{"input_length": 5, "hash_ids": []}', ["missing field 'timestamp'"]),
+        ('{"timestamp": 0, "input_length": 1.5, "hash_ids": []}', ["input_length", "1.5"]),
+        ('{"timestamp": 0, "input_length": false, "hash_ids": []}', ["input_length", "False"]),
+        (
+            '{"timestamp": 0, "input_length": 1, "output_length": -2, "hash_ids": []}',
+            ["output_length", "-2"],
+        ),
+        ('{"timestamp": 0, "input_length": 1, "hash_ids": "12"}', ["hash_ids must be a list"]),
+        ('{"timestamp": 0, "input_length": 1, "hash_ids": [1, true]}', ["hash_ids[1]", "True"]),
+        (
+            '{"timestamp": 0, "input_length": 1, "hash_ids": [18446744073709551616]}',
+            ["hash_ids[0]", "18446744073709551616"],
+        ),
+        ("{not json", ["not JSON", "column 2"]),
+    ],
+)
+def test_a_bad_trace_line_names_the_field_and_the_value(line, words, tmp_path, capsys):
+    with pytest.raises(TraceFormatError) as info:
+        parse_trace_line(line, 4)
+    assert str(info.value).startswith("trace line 4: ")
+    for word in words:
+        assert word in str(info.value)
+    path = tmp_path / "bad.jsonl"
+    path.write_text(GOOD_LINE + "\n" + line + "\n")
+    refused(["eval", "--trace", str(path), *RUN], capsys, "trace line 2", *words)
+
+
+def test_trace_lines_keep_their_values():
+    req = parse_trace_line(GOOD_LINE, 1)
+    assert req == TraceRequest(3000.0, 600, 5, (0, 1))
+    req = parse_trace_line('{"timestamp": 1.5, "input_length": 0, "hash_ids": []}', 1)
+    assert req == TraceRequest(1.5, 0, 0, ())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
+def test_speedup_must_be_finite_and_positive(value, trace, capsys):
+    argv = ["eval", "--trace", str(trace), *RUN, f"--speedup={value}"]  # = keeps -inf a value
+    refused(argv, capsys, "--speedup")
+
+
+def test_a_speedup_that_overflows_the_clock_is_refused(trace, capsys):
+    refused(["eval", "--trace", str(trace), *RUN, "--speedup", "1e-300"], capsys, "int64")
+    keyer = BlockKeyer(b"0123456789abcdef", "m", 512)
+    with pytest.raises(ValueError, match="not an arrival time"):
+        PreparedTrace.build([TraceRequest(6000.0, 1, 0, (1,))], keyer, 4, 1e-300)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        PreparedTrace.build([TraceRequest(6000.0, 1, 0, (1,))], keyer, 4, float("nan"))
+
+
+@pytest.mark.parametrize("doc", ["[1]", "3", "null", '"s1"'])
+def test_a_scenario_must_be_a_mapping(doc, trace, tmp_path, capsys):
+    path = tmp_path / "scenario.json"
+    path.write_text(doc)
+    with pytest.raises(TraceFormatError, match="must be a JSON object"):
+        load_scenario(path)
+    refused(["eval", "--trace", str(trace), "--scenario", str(path), *RUN], capsys, str(path))
+    with pytest.raises(ScenarioError, match="must be a mapping"):
+        Scenario.from_mapping(json.loads(doc))
+    with pytest.raises(ScenarioError, match="must be a mapping"):
+        apply_overrides(json.loads(doc), ["seed=2"])
+
+
+def test_a_non_utf8_scenario_is_refused(trace, tmp_path, capsys):
+    path = tmp_path / "scenario.toml"
+    path.write_bytes(b'name = "\xe9"\n')
+    refused(["eval", "--trace", str(trace), "--scenario", str(path), *RUN], capsys, "not UTF-8")
+
+
+def test_report_into_a_file_or_an_impossible_folder_fails_before_the_runs(trace, tmp_path, capsys):
+    regular = tmp_path / "results"
+    regular.write_text("keep")
+    for target in (regular, regular / "sub", Path("/proc/catsproto-no-such-dir")):
+        # stdout stays empty: the table is printed after the runs, so none ran
+        refused(["eval", "--trace", str(trace), *RUN, "--report", str(target)], capsys, "--report")
+    assert regular.read_text() == "keep"
+
+
+def test_report_folder_is_made_when_missing(trace, tmp_path, capsys):
+    out = tmp_path / "a" / "b"
+    status, _, err = catsproto(["eval", "--trace", str(trace), *RUN, "--report", str(out)], capsys)
+    assert status == 0, err
+    assert (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--seed", "-1"],
+        ["--seed", str(SEED_MAX + 1)],
+        ["--set", "seed=-1"],
+        ["--set", f"seed={SEED_MAX + 1}"],
+        ["--set", "seed=true"],
+        ["--set", "seed=1.5"],
+        ["--set", "seed=x"],
+        ["--seeds", f"1,{SEED_MAX + 1}"],
+    ],
+)
+def test_seeds_outside_0_to_2_64_are_refused(argv, trace, capsys):
+    refused(["eval", "--trace", str(trace), *RUN, *argv], capsys, "seed", str(SEED_MAX))
+
+
+def test_the_largest_seeds_run(trace, capsys):
+    policies = ["--policies", "random", "catsproto"]
+    argv = ["eval", "--trace", str(trace), *RUN, *policies, "--seed", str(SEED_MAX)]
+    status, _, err = catsproto([*argv, "--set", f"seed={SEED_MAX}"], capsys)
+    assert status == 0, err
+    status, _, err = catsproto([*argv, "--set", "seed=0"], capsys)
+    assert status == 0, err
