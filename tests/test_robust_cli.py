@@ -367,3 +367,25 @@ def test_the_largest_seeds_run(trace, capsys):
     assert status == 0, err
     status, _, err = catsproto([*argv, "--set", "seed=0"], capsys)
     assert status == 0, err
+
+
+# ---- inspect ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--count", "-1"),
+        ("--count", "x"),
+        ("--timeout", "-1"),
+        ("--timeout", "nan"),
+        ("--timeout", "inf"),
+    ],
+)
+def test_inspect_count_and_timeout_must_be_non_negative(option, value, tmp_path, capsys):
+    refused(["inspect", str(tmp_path / "c.pcap"), option, value], capsys, option, value)
+
+
+def test_inspect_says_a_directory_is_a_directory(tmp_path, capsys):
+    refused(["inspect", str(tmp_path)], capsys, "is a directory")
+    refused(["inspect", str(tmp_path / "missing.pcap")], capsys, "no such file")
