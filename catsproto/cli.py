@@ -16,6 +16,7 @@ from pathlib import Path
 
 from catsproto import wire
 from catsproto.commands import (
+    HEX_INPUT_RULE,
     CommandParser,
     UsageError,
     add_type_code,
@@ -178,15 +179,23 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     from catsproto.vectors import wire_vectors
 
     folder = Path(args.dir)
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise UsageError(f"{folder} {what} (the vector files go in an existing directory)")
     stale = []
     for name, make in (("wire.json", wire_vectors), ("security.json", security_vectors)):
         path = folder / name
         text = json.dumps(make(), indent=2) + "\n"
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-            continue
-        path.write_text(text)
+        try:
+            if args.check:
+                if not path.is_file() or path.read_text() != text:
+                    stale.append(str(path))
+                continue
+            path.write_text(text)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            verb = "read" if args.check else "write"
+            raise UsageError(f"cannot {verb} {path}: {reason}") from None
         print(f"wrote {path}")
     if stale:
         print(f"out of date: {', '.join(stale)}; run `catsproto vectors`", file=sys.stderr)
@@ -208,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "decode",
         help="attribute bytes (hex or raw) -> JSON",
-        description="Decode an advertisement from hex text or raw bytes and print its JSON.",
+        description="Decode an advertisement from hex text or raw bytes and print its JSON. "
+        f"Hex input: {HEX_INPUT_RULE}. Printable text that is not hex is refused.",
     )
     p.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
     p.add_argument(

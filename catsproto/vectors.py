@@ -58,6 +58,13 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         60,
         16,
     ),
+    (
+        "metric-negative-zero",  # -0.0 equals +0.0: two encodings of one value
+        HEADER + " 0010 000d 0001 02 02 02 8000000000000000",
+        wire.BadValueError,
+        60,
+        16,
+    ),
     ("mandatory-missing", " ".join([VERSION, ORIGIN, SEQUENCE]), wire.BadValueError, 0, None),
     (
         "model-id-not-utf8",

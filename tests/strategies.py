@@ -12,7 +12,9 @@ U8 = st.integers(0, 0xFF)
 U16 = st.integers(0, 0xFFFF)
 U32 = st.integers(0, 0xFFFFFFFF)
 U64 = st.integers(0, (1 << 64) - 1)
-FINITE = st.floats(allow_nan=False, allow_infinity=False)
+# -0.0 is refused (it equals +0.0, so it would be a second encoding of zero): + 0.0 maps
+# it to +0.0 and leaves every other float as it is
+FINITE = st.floats(allow_nan=False, allow_infinity=False).map(lambda v: v + 0.0)
 
 
 def sorted_unique(items, key, max_size=8):

@@ -25,7 +25,8 @@ def test_every_primitive_refuses_truncation(method, width):
         with pytest.raises(wire.TruncatedError) as info:
             getattr(r, method)("field")
         assert info.value.offset == 0
-        assert f"field needs {width} bytes, only {cut} remain" in str(info.value)
+        unit = "byte" if width == 1 else "bytes"
+        assert f"field needs {width} {unit}, only {cut} remain" in str(info.value)
 
 
 def test_restrict_to_requires_the_window_consumed_whole():

@@ -8,9 +8,11 @@ replaces. Token ids are taken as 3-byte msgpack integers (ids 256..65535).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import statistics
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,16 @@ def _sweep_plot(sweep: Sequence[Mapping[str, Any]], key: str, label: str, path: 
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def prepare_report_dir(out: Path) -> None:
+    """Make `out` (and its parents) and check a file can be written in it, so that a
+    bad --report fails before the runs rather than after them. Raises OSError."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(out))
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=out):
+        pass
 
 
 def write_report(

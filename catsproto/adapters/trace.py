@@ -8,6 +8,7 @@ JSON (by extension); the shipped ones live in ``catsproto/sim/scenarios/``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -52,33 +53,69 @@ class TraceFormatError(ValueError):
     """A trace line or scenario file that cannot be used; says which line or file."""
 
 
+_U64 = 1 << 64
+MAX_TIMESTAMP_MS = 2.0**53  # ~285,000 years: every integer below it is an exact float
+
+
+def _integer(obj: dict[str, Any], field: str, default: int | None = None) -> int:
+    value = obj.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{field} must be a non-negative integer, not {value!r}")
+    return value
+
+
 def parse_trace_line(line: str, lineno: int = 0) -> TraceRequest:
+    """One request of a trace line; a TraceFormatError names the line, the field and
+    what is wrong with it (the line is a JSON object; timestamp a finite number of ms
+    >= 0; input_length, output_length (default 0) integers >= 0; hash_ids a list of
+    integers 0..2^64-1)."""
+    where = f"trace line {lineno}"
     try:
         obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{where}: not JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{where}: must be a JSON object, not {type(obj).__name__}")
+    for field in ("timestamp", "input_length", "hash_ids"):
+        if field not in obj:
+            raise TraceFormatError(f"{where}: missing field {field!r}")
+    try:
+        stamp = obj["timestamp"]
+        if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+            raise ValueError(f"timestamp must be a number of ms, not {stamp!r}")
+        if not (math.isfinite(stamp) and 0 <= stamp <= MAX_TIMESTAMP_MS):
+            raise ValueError(f"timestamp {stamp!r} outside 0..2^53 ms (finite, not negative)")
         ids = obj["hash_ids"]
-        if not isinstance(ids, list) or not all(isinstance(h, int) and h >= 0 for h in ids):
-            raise ValueError("hash_ids must be a list of non-negative integers")
-        req = TraceRequest(
-            float(obj["timestamp"]),
-            int(obj["input_length"]),
-            int(obj.get("output_length", 0)),
+        if not isinstance(ids, list):
+            raise ValueError(f"hash_ids must be a list of integers, not {type(ids).__name__}")
+        for i, h in enumerate(ids):
+            if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < _U64:
+                raise ValueError(f"hash_ids[{i}] {h!r} is not an integer 0..2^64-1")
+        return TraceRequest(
+            float(stamp),
+            _integer(obj, "input_length"),
+            _integer(obj, "output_length", 0),
             tuple(ids),
         )
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise TraceFormatError(f"trace line {lineno}: {exc}") from None
-    if req.input_length < 0 or req.timestamp_ms < 0:
-        raise TraceFormatError(f"trace line {lineno}: negative timestamp or input_length")
-    return req
+    except ValueError as exc:
+        raise TraceFormatError(f"{where}: {exc}") from None
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
     """The requests of a JSONL trace (the first `limit` if given)."""
     out: list[TraceRequest] = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
                 if limit is not None and len(out) >= limit:
                     break
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceFormatError(
+                        f"trace line {lineno}: not UTF-8 (byte 0x{raw[exc.start]:02x} "
+                        f"at column {exc.start + 1})"
+                    ) from None
                 if line.strip():
                     out.append(parse_trace_line(line, lineno))
     except OSError as exc:
@@ -100,7 +137,14 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceFormatError(f"cannot read scenario {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"scenario {p}: not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        doc = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise TraceFormatError(f"scenario {p}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise TraceFormatError(
+            f"scenario {p}: must be a JSON object (a table of keys), not {type(doc).__name__}"
+        )
+    return doc

@@ -18,11 +18,9 @@ import string
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from catsproto.wire.codes import DEFAULT_ATTRIBUTE_TYPE
-
-_HEX = set(string.hexdigits + string.whitespace)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -86,14 +84,31 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """A command line argparse refuses: one line on stderr and exit 2, as for every
+        other bad input (argparse's own form adds the usage lines above it)."""
+        self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+def attribute_type_code(text: str) -> int:
+    """A path attribute type code: one octet, 0..255 (argparse `type`, so a bad one is
+    refused while the command line is parsed, before any input is read)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"{value} outside 0..255 (one octet)")
+    return value
+
 
 def add_type_code(parser: argparse.ArgumentParser) -> None:
     """The `--type-code` option every command that reads or writes the attribute takes."""
     parser.add_argument(
         "--type-code",
-        type=int,
+        type=attribute_type_code,
         default=DEFAULT_ATTRIBUTE_TYPE,
-        help="path attribute type code (255 is reserved for development by RFC 2042)",
+        help="path attribute type code, 0..255 (255 is reserved for development by RFC 2042)",
     )
 
 
@@ -111,18 +126,50 @@ def read_input(source: str) -> bytes:
         raise UsageError(f"cannot read {source}: {exc.strerror}") from None
 
 
+_HEX_DIGITS = frozenset(string.hexdigits)
+_HEX_TEXT = _HEX_DIGITS | frozenset(string.whitespace + ":")
+_PRINTABLE = frozenset(string.printable)  # ASCII letters, digits, punctuation, whitespace
+_COLON_PAIRS = re.compile(r"[0-9A-Fa-f]{2}(?:\s*:\s*[0-9A-Fa-f]{2}|\s+[0-9A-Fa-f]{2})*")
+HEX_INPUT_RULE = (
+    "hex digits, optionally after 0x, in groups separated by spaces or newlines "
+    "(an even number of digits in all), or byte pairs separated by colons (aa:bb:cc); "
+    "input with any byte that is not printable ASCII is taken as raw bytes"
+)
+
+
 def bytes_from_input(raw: bytes) -> bytes:
-    """Hex text (whitespace and a leading 0x allowed) becomes bytes; anything else is raw."""
-    text = raw.strip()
-    if text[:2].lower() == b"0x":
-        text = text[2:]
+    """Hex text becomes bytes, raw bytes stay as they are, other text is refused.
+
+    Hex: see `HEX_INPUT_RULE`. Raw: any input with a byte that is not printable ASCII.
+    That is unambiguous because no well-formed input is all printable: an attribute value
+    starts with 0x00 (the high byte of its first type, version = 1) and a whole attribute
+    with its flags byte, 0x80 or above (optional). So printable text that is not hex
+    (a typo, a file of the wrong kind) is a usage error naming the first wrong character,
+    instead of a misleading codec error about TLVs read from ASCII codes."""
     try:
-        decoded = text.decode("ascii")
+        text = raw.decode("ascii")
     except UnicodeDecodeError:
         return raw
-    if decoded and set(decoded) <= _HEX:
-        try:
-            return bytes.fromhex(decoded)
-        except ValueError:
-            raise UsageError("input looks like hex but has an odd number of digits") from None
-    return raw
+    if not text or not set(text) <= _PRINTABLE:
+        return raw
+    body = text.strip()
+    start = len(text) - len(text.lstrip())
+    if body[:2].lower() == "0x":
+        body, start = body[2:], start + 2
+    for i, char in enumerate(body):
+        if char not in _HEX_TEXT:
+            raise UsageError(
+                f"input is text but not hex: {char!r} at character {start + i + 1} is not "
+                "a hex digit, space or colon (raw input has bytes that are not printable)"
+            )
+    if ":" in body:
+        if _COLON_PAIRS.fullmatch(body) is None:
+            raise UsageError(
+                "input looks like colon-separated hex but is not byte pairs "
+                "separated by single colons (aa:bb:cc)"
+            )
+        return bytes.fromhex(re.sub(r"[\s:]", "", body))
+    digits = "".join(body.split())
+    if len(digits) % 2:
+        raise UsageError("input looks like hex but has an odd number of digits")
+    return bytes.fromhex(digits)

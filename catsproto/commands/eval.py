@@ -35,6 +35,7 @@ each run with its own --set seed=N, and so cannot be combined with it.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import queue
 import shlex
@@ -50,6 +51,7 @@ from catsproto.adapters.report import (
     format_seed_table,
     format_table,
     headline,
+    prepare_report_dir,
     seed_aggregate,
     summary_rows,
     write_report,
@@ -73,6 +75,8 @@ from catsproto.sim import (
     apply_overrides,
     run_policy,
 )
+from catsproto.sim.scenario import SEED_MAX
+from catsproto.sim.trace import MAX_ARRIVAL_MS
 
 SWEEP_INTERVALS = (250, 1000, 4000, 16000)
 SWEEP_FPRS = (0.001, 0.01, 0.05, 0.2)
@@ -192,6 +196,8 @@ def parse_seeds(spec: str) -> list[int]:
                 "(non-negative integers, like 1-20, 1,3,5 or 1-5,9)"
             )
         lo, hi = int(texts[0]), int(texts[-1])
+        if hi > SEED_MAX:
+            raise UsageError(f"--seeds {spec!r}: seed {hi} outside 0..{SEED_MAX}")
         if hi < lo:
             raise UsageError(f"--seeds {spec!r}: the range {item!r} is empty")
         for seed in range(lo, hi + 1):
@@ -212,8 +218,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown:
         raise UsageError(f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}")
-    if any(s <= 0 for s in args.speedup):
-        raise UsageError("--speedup values must be > 0")
+    for s in args.speedup:
+        if not (math.isfinite(s) and s > 0):
+            raise UsageError(f"--speedup {s}: values must be finite and > 0")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed {args.seed} outside 0..{SEED_MAX} (it seeds numpy's generator)")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     if seeds is not None and any(o.partition("=")[0].strip() == "seed" for o in args.overrides):
         raise UsageError("--seeds sets the scenario seed of every run: leave out --set seed=...")
@@ -230,6 +239,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not requests:
         raise UsageError(f"trace {args.trace} has no requests")
+    latest = max(r.timestamp_ms for r in requests)
+    for s in args.speedup:
+        if latest / s > MAX_ARRIVAL_MS:
+            raise UsageError(
+                f"--speedup {s:g}: the trace's last timestamp {latest:g} ms / {s:g} does not "
+                "fit the simulator's clock (int64 ms)"
+            )
+    if args.report:
+        try:
+            prepare_report_dir(Path(args.report))
+        except OSError as exc:
+            raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
     if seeds is not None:
         return _run_seeds(args, seeds, requests, base, started)
     keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
@@ -292,7 +313,10 @@ def run(args: argparse.Namespace) -> int:
             "wall_s": wall,
             "sweep_requests": min(args.sweep_limit, len(requests)),
         }
-        files = write_report(Path(args.report), rows, results, base.to_json(), sweeps, meta)
+        try:
+            files = write_report(Path(args.report), rows, results, base.to_json(), sweeps, meta)
+        except OSError as exc:
+            raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
         print(f"report: {', '.join(str(f) for f in files)}", file=sys.stderr)
     print(f"wall time {wall:.1f} s", file=sys.stderr)
     return 0
@@ -540,7 +564,10 @@ def _run_seeds(
             "seeds_spec": args.seeds,
             "seeds": seeds,
         }
-        files = write_seed_report(Path(args.report), rows, aggregate, scenario, meta)
+        try:
+            files = write_seed_report(Path(args.report), rows, aggregate, scenario, meta)
+        except OSError as exc:
+            raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
         print(f"report: {', '.join(str(f) for f in files)}", file=sys.stderr)
     print(f"wall time {wall:.1f} s", file=sys.stderr)
     return 0

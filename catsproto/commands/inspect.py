@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import signal
 import subprocess
@@ -180,8 +181,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     verifying = args.trust is not None
     streams = pcap.BGPStreams()
     if args.capture is not None:
-        if not Path(args.capture).is_file():
-            raise UsageError(f"cannot read {args.capture}: no such file")
+        capture = Path(args.capture)
+        if not capture.is_file():
+            what = (
+                "is a directory, not a capture file"
+                if capture.is_dir()
+                else "not a regular file"
+                if capture.exists()
+                else "no such file"
+            )
+            raise UsageError(f"cannot read {args.capture}: {what}")
         try:
             source: Iterable[pcap.Finding] = list(
                 pcap.inspect_capture(args.capture, args.type_code, args.verify, streams)
@@ -234,6 +243,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if all(_ok(f, verifying) for f in found) and not streams.problems else 1
 
 
+def _count(text: str) -> int:
+    """--count: a whole number >= 0 (0: no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no limit), not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """--timeout: finite seconds >= 0 (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0 (0: no limit), not {text}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "inspect",
@@ -257,11 +288,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", metavar="IFACE", help="capture live on this interface (tcpdump)")
     p.add_argument("--netns", metavar="NS", help="network namespace of --follow's interface")
     p.add_argument(
-        "--count", type=int, default=0, help="stop after this many advertisements (0: no limit)"
+        "--count",
+        type=_count,
+        default=0,
+        help="stop after this many advertisements (0: no limit)",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=0.0,
         help="with --follow: stop after this many seconds (0: no limit)",
     )

@@ -20,12 +20,16 @@ from catsproto.node import ModelShape
 from catsproto.wire import Tier
 
 __all__ = [
+    "SEED_MAX",
     "Scenario",
     "ScenarioError",
     "TierConfig",
     "apply_overrides",
     "parse_value",
 ]
+
+
+SEED_MAX = (1 << 64) - 1  # the u64 seed field of a summary filter
 
 
 class ScenarioError(ValueError):
@@ -93,6 +97,7 @@ class Scenario:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Scenario:
         """Validate a nested mapping (a parsed scenario file with overrides applied)."""
+        _require_mapping(raw)
         d = dict(raw)
         try:
             sites = tuple(str(s) for s in d["sites"])
@@ -155,7 +160,7 @@ class Scenario:
                 overflow_signal=bool(d.get("overflow_signal", False)),
                 arrival_spread=_spread(d.get("arrival_spread", False)),
                 physical_arrival=bool(d.get("physical_arrival", False)),
-                seed=int(d.get("seed", 1)),
+                seed=_seed(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
             )
@@ -181,6 +186,8 @@ class Scenario:
             raise ScenarioError("target_fpr must be in [0, 1)")
         if self.tiers[0].capacity_blocks < 1:
             raise ScenarioError("the first tier needs room for at least one block")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ScenarioError(f"seed {self.seed} outside 0..{SEED_MAX}")
         if len(self.secret) < 16 or len(self.secret) > 64:
             raise ScenarioError("secret must be 16..64 bytes")
         if self.site_dispatch and self.selector_peers and self.selector_site is None:
@@ -266,6 +273,23 @@ class Scenario:
 _KIND_NAMES = {"exact": 1, "bloom": 2, "fuse": 3}
 
 
+def _require_mapping(raw: object) -> None:
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(
+            f"a scenario must be a mapping (a TOML table or JSON object), not {type(raw).__name__}"
+        )
+
+
+def _seed(value: Any) -> int:
+    """The scenario seed: it seeds the summary filters as their u64 seed field (and,
+    through a hash, the signing keys and the selectors' tie-breaks), so 0..2^64-1."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ScenarioError(f"seed must be an integer 0..{SEED_MAX}, not {value!r}")
+    if not 0 <= value <= SEED_MAX:
+        raise ScenarioError(f"seed {value} outside 0..{SEED_MAX}")
+    return value
+
+
 def _summary_kind(value: Any) -> int | None:
     """None (the smallest meeting the FPR) for "auto", else 1 / 2 / 3 by code or name."""
     if value in (None, "auto"):
@@ -349,6 +373,7 @@ def parse_value(text: str) -> Any:
 def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """A copy of `raw` with each ``dotted.key=value`` applied; the key must exist, except
     a new tier, RTT pair or model field, which may be added."""
+    _require_mapping(raw)
     out = copy.deepcopy(dict(raw))
     for item in overrides:
         path, sep, text = item.partition("=")

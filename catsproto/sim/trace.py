@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,9 +18,16 @@ import numpy as np
 
 from catsproto.keys import ENGINE_MOONCAKE, BlockKeyer
 
-__all__ = ["RANDOM_SPREAD_SEED", "PreparedTrace", "TraceRequest", "spread_ticks"]
+__all__ = [
+    "MAX_ARRIVAL_MS",
+    "RANDOM_SPREAD_SEED",
+    "PreparedTrace",
+    "TraceRequest",
+    "spread_ticks",
+]
 
 RANDOM_SPREAD_SEED = 20251  # `arrival_spread = "random"`: the same draws in every run
+MAX_ARRIVAL_MS = 2**62  # arrivals are int64 ms; the engine adds delays on top
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +85,16 @@ class PreparedTrace:
             keys.append(np.array(ks, dtype=np.uint64))
             ids = r.hash_ids
             ingress.append(ids[min(ingress_index, len(ids) - 1)] % n_sites if ids else 0)
-        arrival = np.array([int(r.timestamp_ms / speedup) for r in reqs], dtype=np.int64)
+        if not (math.isfinite(speedup) and speedup > 0):
+            raise ValueError(f"speedup {speedup} must be finite and > 0")
+        ms = [r.timestamp_ms / speedup for r in reqs]
+        for r, t in zip(reqs, ms, strict=True):
+            if not (math.isfinite(t) and 0 <= t <= MAX_ARRIVAL_MS):
+                raise ValueError(
+                    f"timestamp {r.timestamp_ms!r} ms / speedup {speedup:g} is not an arrival "
+                    f"time in 0..2^62 ms"
+                )
+        arrival = np.array([int(t) for t in ms], dtype=np.int64)
         return cls(reqs, arrival, tuple(keys), tuple(lists), np.array(ingress, dtype=np.int64))
 
     def __len__(self) -> int:

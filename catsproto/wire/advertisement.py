@@ -173,16 +173,18 @@ def _unknown_from_json(value: JSON, registry: Registry) -> list[UnknownTLV]:
     for i, item in enumerate(value):
         if not (isinstance(item, dict) and set(item) == {"type", "value"}):
             raise BadValueError(f"unknown[{i}] must be an object with type and value")
-        if item["type"] in registry.by_type:
+        code = item["type"]
+        if not (isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 0xFFFF):
+            raise BadValueError(f"unknown[{i}].type must be an integer 0..65535, not {code!r}")
+        if code in registry.by_type:
             raise BadValueError(
-                f"unknown[{i}] has type {item['type']}, which is the known "
-                f"{tlv_name(item['type'])} TLV"
+                f"unknown[{i}] has type {code}, which is the known {tlv_name(code)} TLV"
             )
         try:
             raw = bytes.fromhex(item["value"])
         except (TypeError, ValueError):
             raise BadValueError(f"unknown[{i}].value must be a hex string") from None
-        out.append(UnknownTLV(item["type"], raw))
+        out.append(UnknownTLV(code, raw))
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
+from math import copysign
 
 from catsproto.wire.errors import BadLengthError, BadValueError, TruncatedError
 
@@ -48,7 +49,9 @@ class Reader:
         start = self._pos
         if n > self._end - start:
             raise TruncatedError(
-                f"{field} needs {n} bytes, only {self._end - start} remain", start, self.tlv_type
+                f"{field} needs {n} byte{'' if n == 1 else 's'}, only {self._end - start} remain",
+                start,
+                self.tlv_type,
             )
         self._pos = start + n
         return start
@@ -70,6 +73,8 @@ class Reader:
         value = _F64.unpack_from(self._data, self._take(8, field))[0]
         if value != value or value in (float("inf"), float("-inf")):
             raise BadValueError(f"{field} is not a finite number", start, self.tlv_type)
+        if value == 0.0 and copysign(1.0, value) < 0:
+            raise BadValueError(f"{field} is -0.0 (zero is encoded as +0.0)", start, self.tlv_type)
         return value
 
     def unpack(self, fmt: struct.Struct) -> tuple | None:

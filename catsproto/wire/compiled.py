@@ -27,6 +27,7 @@ record with a new field type still compiles (at the reference speed for that fie
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import struct
@@ -67,6 +68,7 @@ class _Source:
             "setattr_": object.__setattr__,
             "Reader": Reader,
             "FMAX": _FLOAT_MAX,
+            "copysign": math.copysign,
         }
         self._n = 0
 
@@ -107,6 +109,7 @@ def _convert(src: _Source, ind: int, codec: FieldCodec, v: str) -> None:
             src.emit(ind, f"if {v} > {codec.hi}: raise Fallback")
     elif isinstance(codec, Float64):
         src.emit(ind, f"if not -FMAX <= {v} <= FMAX: raise Fallback")
+        src.emit(ind, f"if {v} == 0.0 and copysign(1.0, {v}) < 0: raise Fallback")  # -0.0
     else:  # a fixed-width codec of someone else's: its own convert (CodecError -> fallback)
         c = src.const("C", codec)
         src.emit(ind, f"{v} = {c}.convert({v}, '', 0, None)")

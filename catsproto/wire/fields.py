@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
+import math
 import operator
 import struct
 import typing
@@ -157,7 +158,8 @@ class OpenEnumCodec(EnumCodec):
 
 
 class Float64(FieldCodec):
-    """IEEE 754 binary64; NaN and infinities are refused (they have no single encoding)."""
+    """IEEE 754 binary64; NaN and infinities are refused (they have no single encoding),
+    and so is -0.0: it equals +0.0, so two byte strings would decode to equal objects."""
 
     fmt = "d"
 
@@ -167,6 +169,8 @@ class Float64(FieldCodec):
     def convert(self, value: float, name: str, at: int, tlv_type: int | None) -> float:
         if value != value or value in (float("inf"), float("-inf")):
             raise BadValueError(f"{name} is not a finite number", at, tlv_type)
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            raise BadValueError(f"{name} is -0.0 (zero is encoded as +0.0)", at, tlv_type)
         return value
 
     def write(self, w: Writer, value: float) -> None:
@@ -177,6 +181,11 @@ class Float64(FieldCodec):
             isinstance(value, float) and value == value and abs(value) != float("inf"),
             name,
             lambda: f"must be a finite float, not {value!r}",
+        )
+        _require(
+            value != 0.0 or math.copysign(1.0, value) > 0,
+            name,
+            "must not be -0.0 (zero is +0.0, its one encoding)",
         )
 
     def from_json(self, obj: JSON, name: str) -> float:

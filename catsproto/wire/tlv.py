@@ -69,7 +69,8 @@ class UnknownTLV:
     NAME: ClassVar[str] = "unknown"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.type, int) and 0 <= self.type <= 0xFFFF):
+        code = self.type
+        if not (isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 0xFFFF):
             raise BadValueError(f"unknown TLV type {self.type!r} outside 0..65535")
         if not isinstance(self.value, bytes) or len(self.value) > 0xFFFF:
             raise BadValueError("unknown TLV value must be bytes of at most 65535")
