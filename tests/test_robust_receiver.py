@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catsproto import security, wire
 from catsproto.adapters import exabgp_receive as rx
@@ -145,6 +147,46 @@ def test_delegation_lacking_fields_names_them_all():
     del obj["routes"], obj["node_key"]
     with pytest.raises(security.TrustFileError, match=r"^delegation lacks node_key, routes$"):
         security.delegation_from_json(obj)
+
+
+def _paths(obj: object, path: tuple = ()) -> list[tuple]:
+    out = [path]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, (*path, i))
+    return out
+
+
+TRUST_PATHS = _paths(F.trust.to_json())[1:]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(TRUST_PATHS), JSON_VALUES | st.just(KeyError))))
+def test_any_mangled_trust_file_raises_only_trust_file_error(edits):
+    obj = F.trust.to_json()
+    for path, value in edits:
+        parent = obj
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            if value is KeyError:
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed or replaced this path
+    try:
+        security.TrustStore.from_json(obj)
+    except security.TrustFileError as exc:
+        assert "\n" not in str(exc)
 
 
 # ---- the receiver's trust file: fail-closed, last good kept, state carried -----------
