@@ -218,7 +218,7 @@ def test_trust_file_that_goes_missing_keeps_the_last_good_store(tmp_path):
     assert next(iter(r.rib.entries.values())).verified
     assert r.verifier.reload_failures == 1
     assert "keeping the last good trust store" in r.logs[0]
-    assert r.rib.to_json()["trust"]["state"] == "verifying"
+    assert r.rib.to_json()["trust"]["state"] == "verifying with the last good store"
 
 
 def test_unreadable_trust_file_never_leads_to_acceptance(tmp_path):
@@ -259,6 +259,7 @@ def test_bad_or_half_written_trust_file_keeps_the_last_good_store_and_run_lives_
     _rewrite(path, _trust_json(indent=1))  # a good file again: loads
     assert r.kinds(_announce(_signed(4))) == [("accept", "")]
     assert r.verifier.loads == 2 and r.verifier.error == ""
+    assert r.rib.to_json()["trust"]["state"] == "verifying"
 
 
 def test_bad_trust_file_before_any_good_one_refuses_every_value(tmp_path):

@@ -142,12 +142,8 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     neighbor = obj.get("neighbor") or {}
     peer = str((neighbor.get("address") or {}).get("peer", "?"))
     if obj.get("type") == "state":
-        reason = neighbor.get("reason")
-        return [
-            Session(
-                peer, str(neighbor.get("state", "?")), reason if isinstance(reason, str) else ""
-            )
-        ]
+        state, reason = neighbor.get("state", "?"), neighbor.get("reason")
+        return [Session(peer, str(state), reason if isinstance(reason, str) else "")]
     if obj.get("type") != "update":
         return []
     message = neighbor.get("message") or {}
@@ -165,13 +161,13 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
         found, malformed = None, str(exc)
     flags, value = found if found else (None, None)
     as_path = as_path_of(attributes)
+
+    def announced(prefix: Prefix) -> Event:
+        return Announced(peer, prefix, flags, value, as_path, malformed)
+
     for by_next_hop in (update.get("announce") or {}).values():
         for routes in by_next_hop.values():
-            events.extend(
-                _routes(
-                    peer, routes, lambda p: Announced(peer, p, flags, value, as_path, malformed)
-                )
-            )
+            events.extend(_routes(peer, routes, announced))
     return events
 
 
@@ -325,6 +321,8 @@ class TrustFileVerifier:
             state = "absent: accepting unverified"
         elif self._receiver is None:
             state = "unavailable: refusing every value"
+        elif self.error:
+            state = "verifying with the last good store"
         else:
             state = "verifying"
         out: dict[str, Any] = {
