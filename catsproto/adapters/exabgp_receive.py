@@ -6,12 +6,16 @@ catsproto.adapters.exabgp_receive --out DIR; encoder json; }` with
 line is one JSON message. `parse_message` (pure) turns it into events: per announced
 prefix the raw attribute value, found by *type code* whatever flags transit routers set
 (`attribute-0xFF-0xC0`, `-0xE0` with Partial, `-0xF0` with Extended Length too); per
-withdrawn prefix a withdrawal; per neighbor state change a session event. `CacheRib`
-(pure) applies them, keyed by (peer, route): a value that fails to decode or verify is
-RFC 7606 treat-as-withdraw of the state that route carried — that origin's cache state,
-nobody else's — and the BGP session is untouched; a session going down withdraws that
-peer's routes. A sink (`on_change`) receives every change, which is where the
-selector's RIB plugs in; `main` writes changes as JSON lines and a snapshot file.
+withdrawn prefix a withdrawal; per neighbor state change a session event. A field that
+cannot be read is handled per route: attribute hex that does not decode marks the route
+malformed, an unusable `as-path` becomes (), a route without a usable `nlri` becomes an
+`Unusable` event; only a message whose shape is not ExaBGP's at all is dropped, counted
+(`unparsed_messages`) and logged. `CacheRib` (pure) applies the events, keyed by (peer,
+route): a value that fails to decode or verify is RFC 7606 treat-as-withdraw of the state
+that route carried — that origin's cache state, nobody else's — and the BGP session is
+untouched; a session going down withdraws that peer's routes. A sink (`on_change`)
+receives every change, which is where the selector's RIB plugs in; `main` writes changes
+as JSON lines and a snapshot file (with the counters).
 
 ExaBGP reads this process's stdout as commands, so nothing here ever writes to it:
 `main` points `sys.stdout` at stderr before doing anything else.
@@ -49,6 +53,7 @@ class Announced:
     flags: int | None  # None: the route carried no cache attribute
     value: bytes | None
     as_path: tuple[int, ...] = ()
+    malformed: str = ""  # why the attribute in ExaBGP's JSON could not be read, if so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +76,15 @@ class Session:
     reason: str = ""  # why it went down, as ExaBGP says
 
 
-Event = Announced | Withdrawn | EndOfRib | Session
+@dataclasses.dataclass(frozen=True)
+class Unusable:
+    """A route in an UPDATE that cannot be keyed (no usable `nlri`): counted, skipped."""
+
+    peer: str
+    reason: str
+
+
+Event = Announced | Withdrawn | EndOfRib | Session | Unusable
 
 
 # NOTIFICATION error code 4 is Hold Timer Expired (RFC 4271 section 4.5); ExaBGP reports
@@ -80,13 +93,48 @@ _HOLD_TIMER = re.compile(r"hold timer|notification (sent|received) \(4,", re.IGN
 
 
 def find_attribute(attributes: dict[str, Any], type_code: int) -> tuple[int, bytes] | None:
-    """(flags, value) of the attribute of `type_code` in ExaBGP's JSON, any flags."""
+    """(flags, value) of the attribute of `type_code` in ExaBGP's JSON, any flags; a
+    value that is not a hex string raises ValueError naming the key."""
     for key, raw in attributes.items():
         m = _ATTRIBUTE_KEY.match(key)
-        if m and int(m.group(1), 16) == type_code and isinstance(raw, str):
+        if m and int(m.group(1), 16) == type_code:
+            if not isinstance(raw, str):
+                raise ValueError(f"{key} is {_shown(raw)}, not a hex string")
             text = raw[2:] if raw[:2].lower() == "0x" else raw
-            return int(m.group(2), 16), bytes.fromhex(text)
+            try:
+                return int(m.group(2), 16), bytes.fromhex(text)
+            except ValueError:
+                raise ValueError(f"{key} {_shown(raw)} is not hex") from None
     return None
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as ExaBGP wrote it, cut short for a one-line reason."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _prefix(route: Any) -> Prefix:
+    """The prefix of one route object of ExaBGP's JSON ({"nlri": "10.0.0.1/32", ...})."""
+    nlri = route.get("nlri") if isinstance(route, dict) else None
+    if not isinstance(nlri, str):
+        raise ValueError(f"route {_shown(route)} has no nlri string")
+    try:
+        return ipaddress.ip_network(nlri)
+    except ValueError as exc:
+        raise ValueError(f"nlri {_shown(nlri)}: {exc}") from None
+
+
+def _routes(peer: str, routes: Iterable[Any], make: Callable[[Prefix], Event]) -> list[Event]:
+    out: list[Event] = []
+    for route in routes:
+        try:
+            prefix = _prefix(route)
+        except ValueError as exc:
+            out.append(Unusable(peer, str(exc)))
+            continue
+        out.append(make(prefix))
+    return out
 
 
 def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) -> list[Event]:
@@ -94,7 +142,8 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     neighbor = obj.get("neighbor") or {}
     peer = str((neighbor.get("address") or {}).get("peer", "?"))
     if obj.get("type") == "state":
-        return [Session(peer, str(neighbor.get("state", "?")), str(neighbor.get("reason", "")))]
+        state, reason = neighbor.get("state", "?"), neighbor.get("reason")
+        return [Session(peer, str(state), reason if isinstance(reason, str) else "")]
     if obj.get("type") != "update":
         return []
     message = neighbor.get("message") or {}
@@ -103,28 +152,48 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     update = message.get("update") or {}
     events: list[Event] = []
     for routes in (update.get("withdraw") or {}).values():
-        events.extend(Withdrawn(peer, ipaddress.ip_network(r["nlri"])) for r in routes)
+        events.extend(_routes(peer, routes, lambda p: Withdrawn(peer, p)))
     attributes = update.get("attribute") or {}
-    found = find_attribute(attributes, type_code)
+    malformed = ""
+    try:
+        found = find_attribute(attributes, type_code)
+    except ValueError as exc:
+        found, malformed = None, str(exc)
     flags, value = found if found else (None, None)
     as_path = as_path_of(attributes)
+
+    def announced(prefix: Prefix) -> Event:
+        return Announced(peer, prefix, flags, value, as_path, malformed)
+
     for by_next_hop in (update.get("announce") or {}).values():
         for routes in by_next_hop.values():
-            events.extend(
-                Announced(peer, ipaddress.ip_network(r["nlri"]), flags, value, as_path)
-                for r in routes
-            )
+            events.extend(_routes(peer, routes, announced))
     return events
 
 
+_AS_MAX = 0xFFFFFFFF
+
+
 def as_path_of(attributes: dict[str, Any]) -> tuple[int, ...]:
-    """The AS numbers of ExaBGP's `as-path` ({"0": {"element": ..., "value": [...]}})."""
+    """The AS numbers of ExaBGP's `as-path`: segments ({"0": {"element": ..., "value":
+    [...]}}, or a list of them) or a plain list of numbers. Anything that is not an AS
+    number (0..2^32-1, an integer or its decimal string) makes the path unknown: ()."""
     raw = attributes.get("as-path") or {}
-    segments = raw.values() if isinstance(raw, dict) else raw
+    if isinstance(raw, dict):
+        segments: list[Any] = list(raw.values())
+    elif isinstance(raw, list):
+        segments = raw
+    else:
+        return ()
     out: list[int] = []
     for seg in segments:
-        values = seg.get("value", []) if isinstance(seg, dict) else seg
-        out.extend(int(v) for v in values if isinstance(v, int | str) and str(v).isdigit())
+        values = seg.get("value") if isinstance(seg, dict) else seg
+        for v in values if isinstance(values, list) else [values]:
+            if isinstance(v, str) and v.isascii() and v.isdigit():
+                v = int(v)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _AS_MAX:
+                return ()
+            out.append(v)
     return tuple(out)
 
 
@@ -141,6 +210,7 @@ class Verification:
 
 
 UNVERIFIED = Verification(True, False, "no trust configured")
+COUNTERS = ("unparsed_messages", "unusable_routes", "malformed", "not_verified")
 
 
 class Verifier(Protocol):
@@ -152,32 +222,83 @@ class Verifier(Protocol):
     def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification: ...
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 class TrustFileVerifier:
     """Verifies against a trust file (operator keys, delegations), reloaded when it changes.
 
-    No file: accepted unverified. Signature, scope, freshness and replay are
+    Fail-closed: until the file has loaded once, every value is refused ("trust file
+    unavailable"); once it has, a file that goes missing, cannot be read or does not load
+    leaves the last good store in force, and the failure is logged once and counted
+    (`reload_failures`). A reload keeps the replay window, the counters and the
+    delegations learned in-band that the new file still allows (`Receiver.reloaded`).
+
+    `optional` (the lab's `--trust-when-present`): while the file does not exist, values
+    are accepted unverified; a file that exists but cannot be read or loaded still never
+    leads to acceptance. Signature, scope, freshness and replay are
     `catsproto.security.Receiver`'s; a re-sent identical advertisement (BGP does that)
     stays accepted.
     """
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        clock: Callable[[], float] = time.time,
+        *,
+        optional: bool = False,
+        log: Callable[[str], None] = _stderr,
+    ) -> None:
         self.path = Path(path)
         self.clock = clock
-        self._stamp: tuple[int, int] | None = None
-        self._receiver: Any = None
+        self.optional = optional
+        self.log = log
+        self._stamp: tuple[int, ...] | None = None  # the file state last read, or tried
+        self._receiver: Any = None  # built from the last good load
+        self._loaded: Any = None  # the TrustStore of the last good load
+        self._absent = False
+        self.loads = 0
+        self.reload_failures = 0
+        self.error = "not read yet"
+
+    def _failed(self, stamp: tuple[int, ...], error: str) -> None:
+        """Count and log a failed (re)load once per state of the file."""
+        if stamp == self._stamp:
+            return
+        self._stamp, self.error = stamp, error
+        self.reload_failures += 1
+        kept = "keeping the last good trust store" if self._receiver else "refusing every value"
+        self.log(f"trust file {self.path}: {error}; {kept}")
 
     def _current(self) -> Any:
         from catsproto import security
 
+        self._absent = False
         try:
             st = self.path.stat()
-        except OSError:
-            self._stamp, self._receiver = None, None
-            return None
-        if (st.st_mtime_ns, st.st_size) != self._stamp:
-            trust = security.TrustStore.from_json(json.loads(self.path.read_text()))
-            self._receiver = security.Receiver(trust)
-            self._stamp = (st.st_mtime_ns, st.st_size)
+        except OSError as exc:
+            if self.optional and isinstance(exc, FileNotFoundError):
+                self._stamp, self._absent = None, True
+                return None
+            self._failed((-1,), f"cannot read it: {exc.strerror}")
+            return self._receiver
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return self._receiver
+        try:
+            store = security.TrustStore.from_json(json.loads(self.path.read_bytes()))
+        except OSError as exc:
+            self._failed(stamp, f"cannot read it: {exc.strerror}")
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8, TrustFileError
+            self._failed(stamp, f"does not load: {exc}")
+        else:
+            if self._receiver is None:
+                self._receiver = security.Receiver(store)
+            else:
+                self._receiver = self._receiver.reloaded(store, self._loaded)
+            self._stamp, self._loaded, self.error = stamp, store, ""
+            self.loads += 1
         return self._receiver
 
     def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification:
@@ -185,12 +306,36 @@ class TrustFileVerifier:
 
         receiver = self._current()
         if receiver is None:
-            return UNVERIFIED
+            if self._absent:
+                return UNVERIFIED
+            return Verification(False, False, f"trust file unavailable: {self.error}")
         now_ms = int(self.clock() * 1000)
         verdict, self._receiver = receiver.receive(value, prefix, now_ms, decoded=adv)
         if verdict.reason in (Reason.OK, Reason.DUPLICATE):
             return Verification(True, True)
         return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
+
+    def status(self) -> dict[str, Any]:
+        """For the snapshot: what the trust file gives now, and the tallies."""
+        if self._absent:
+            state = "absent: accepting unverified"
+        elif self._receiver is None:
+            state = "unavailable: refusing every value"
+        elif self.error:
+            state = "verifying with the last good store"
+        else:
+            state = "verifying"
+        out: dict[str, Any] = {
+            "path": str(self.path),
+            "state": state,
+            "loads": self.loads,
+            "reload_failures": self.reload_failures,
+            "error": self.error,
+        }
+        if self._receiver is not None:
+            counts = self._receiver.counters.as_dict()
+            out["verdicts"] = {k: n for k, n in counts.items() if n}
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +402,15 @@ class CacheRib:
     # RFC 4724 helper: seconds a restarting peer's routes are kept, marked stale; 0: none.
     restart_time: float = 0.0
     stale: dict[tuple[str, Prefix], float] = dataclasses.field(default_factory=dict)
+    # what was dropped or refused, by kind (in the snapshot): unparsed_messages,
+    # unusable_routes, malformed, not_verified
+    counters: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
     def apply(self, event: Event, now: float) -> list[Change]:
         changes = self.expire(now)
+        if isinstance(event, Unusable):
+            self.counters["unusable_routes"] += 1
+            return [*changes, Change("ignore", event.peer, reason=f"unusable: {event.reason}")]
         if isinstance(event, Session):
             self.sessions[event.peer] = event.state
             changes.append(Change("session", event.peer, reason=event.state))
@@ -305,6 +456,8 @@ class CacheRib:
         if isinstance(event, Withdrawn):
             had = self.entries.pop(key, None)
             return [Change("withdraw", event.peer, event.prefix, had, "withdrawn")]
+        if event.malformed:
+            return self._refuse(key, f"malformed: {event.malformed}")
         if event.value is None:
             had = self.entries.pop(key, None)
             return [Change("ignore", event.peer, event.prefix, had, "no cache attribute")]
@@ -340,6 +493,7 @@ class CacheRib:
 
     def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
         # RFC 7606 section 2: treat-as-withdraw; the session is left alone.
+        self.counters["not_verified" if reason.startswith("not verified") else "malformed"] += 1
         had = self.entries.pop(key, None)
         return [Change("treat-as-withdraw", key[0], key[1], had, reason)]
 
@@ -350,13 +504,17 @@ class CacheRib:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "sessions": dict(self.sessions),
             "routes": [
                 {**e.to_json(), "stale": k in self.stale}
                 for k, e in sorted(self.entries.items(), key=str)
             ],
+            "counters": dict(self.counters),
         }
+        if isinstance(self.verifier, TrustFileVerifier):
+            out["trust"] = self.verifier.status()
+        return out
 
 
 # ---- the API process ----------------------------------------------------------------
@@ -378,8 +536,9 @@ def run(
         try:
             obj = json.loads(line)
             events = parse_message(obj, type_code)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log(f"cannot parse ExaBGP message ({exc}): {line[:200]}")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            rib.counters["unparsed_messages"] += 1
+            log(f"cannot parse ExaBGP message ({type(exc).__name__}: {exc}): {line[:200]}")
             continue
         for event in events:
             for change in rib.apply(event, clock()):
@@ -399,6 +558,7 @@ class FileSink:
         self.coalesce = coalesce
         self.dirty = False
         self.events: IO[str] = open(self.dir / "events.jsonl", "a")  # noqa: SIM115
+        self._counted: dict[str, int] = {}
         self.write_snapshot()
 
     def __call__(self, change: Change) -> None:
@@ -412,12 +572,14 @@ class FileSink:
             self.write_snapshot()
 
     def flush(self) -> None:
-        """Write the snapshot if a change is not in it yet."""
-        if self.dirty:
+        """Write the snapshot if a change (or a count, e.g. a message that did not parse)
+        is not in it yet."""
+        if self.dirty or self.rib.counters != self._counted:
             self.dirty = False
             self.write_snapshot()
 
     def write_snapshot(self) -> None:
+        self._counted = dict(self.rib.counters)
         tmp = self.dir / "rib.json.tmp"
         tmp.write_text(json.dumps(self.rib.to_json(), indent=1))
         tmp.replace(self.dir / "rib.json")
@@ -450,7 +612,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
     p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
     p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
-    p.add_argument("--trust", help="trust file (catsproto.security); read when it changes")
+    trust = p.add_mutually_exclusive_group()
+    trust.add_argument(
+        "--trust",
+        help="trust file (catsproto.security), read when it changes; until it loads every "
+        "value is refused, and a later bad or missing file keeps the last good one",
+    )
+    trust.add_argument(
+        "--trust-when-present",
+        metavar="TRUST",
+        help="lab only: like --trust, but while the file does not exist values are "
+        "accepted unverified",
+    )
     p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
     p.add_argument(
         "--graceful-restart",
@@ -461,8 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         "(RFC 4724; configure the same capability on the session)",
     )
     args = p.parse_args(argv)
+    verifier = None
+    if args.trust or args.trust_when_present:
+        verifier = TrustFileVerifier(
+            args.trust or args.trust_when_present, optional=bool(args.trust_when_present)
+        )
     rib = CacheRib(
-        verifier=TrustFileVerifier(args.trust) if args.trust else None,
+        verifier=verifier,
         restart_time=args.graceful_restart,
     )
     sink = FileSink(args.out, rib, coalesce=True)

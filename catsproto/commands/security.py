@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,10 +20,23 @@ from catsproto.security import commands
 
 
 def _json(path: str) -> Any:
+    raw = read_input(path)
     try:
-        return json.loads(read_input(path))
+        return json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not JSON: line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: JSON nested too deeply") from None
+
+
+def _object(path: str, what: str) -> dict[str, Any]:
+    """A JSON file that must hold one object (a key, delegation or trust file)."""
+    obj = _json(path)
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}: a {what} file holds a JSON object, not {json.dumps(obj)[:20]}")
+    return obj
 
 
 def _write_private(path: str, obj: object) -> None:
@@ -66,9 +80,11 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_authorize(args: argparse.Namespace) -> int:
+    if not (math.isfinite(args.days) and args.days > 0):
+        raise UsageError(f"--days {args.days}: give a finite number of days above 0")
     start = args.not_before_ms if args.not_before_ms is not None else _now_ms()
     delegation = commands.authorize(
-        _json(args.operator_key),
+        _object(args.operator_key, "key"),
         args.node_public_key,
         cs_ids=args.cs_id,
         routes=args.route,
@@ -84,12 +100,12 @@ def cmd_authorize(args: argparse.Namespace) -> int:
 def cmd_trust(args: argparse.Namespace) -> int:
     operators = []
     for path in args.operator:
-        key = _json(path)
+        key = _object(path, "key")
         operators.append(commands.public_key(key) if "seed" in key else key)
     trust = {
         "format": "catsproto-trust/1",
         "operators": operators,
-        "delegations": [_json(p) for p in args.delegation],
+        "delegations": [_object(p, "delegation") for p in args.delegation],
     }
     commands.load_trust(trust)  # refuse to write a trust file that would not load
     print(json.dumps(trust, indent=2))
@@ -100,10 +116,15 @@ def cmd_trust(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     value = bytes_from_input(read_input(args.file))
     if args.seal:
-        value = commands.seal_value(value, [_json(p) for p in args.seal], os.urandom(12))
-    delegation = _json(args.delegation) if args.delegation else None
+        keys = [_object(p, "group key") for p in args.seal]
+        value = commands.seal_value(value, keys, os.urandom(12))
+    delegation = _object(args.delegation, "delegation") if args.delegation else None
     signed = commands.sign_value(
-        value, _json(args.key), commands.parse_nlri(args.route), args.type_code, delegation
+        value,
+        _object(args.key, "key"),
+        commands.parse_nlri(args.route),
+        args.type_code,
+        delegation,
     )
     print(signed.hex())
     return 0
@@ -114,12 +135,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verdict = commands.verify_value(
         bytes_from_input(read_input(args.file)),
         commands.parse_nlri(args.route),
-        _json(args.trust),
+        _object(args.trust, "trust"),
         args.now_ms if args.now_ms is not None else _now_ms(),
         max_age_ms=args.max_age_ms,
         max_future_ms=args.max_future_ms,
         attribute_type=args.type_code,
-        group_keys=[_json(p) for p in args.group_key] or None,
+        group_keys=[_object(p, "group key") for p in args.group_key] or None,
     )
     out = verdict.to_json()
     if verdict.ok and args.show:

@@ -92,7 +92,9 @@ def exabgp_conf(
         ]
         lines.append(f"process announce {{ run {shlex.join(argv)}; encoder text; }}")
     if n.receive:
-        trust = str(Path(out).parent / "trust.json")  # verification starts once it exists
+        # verification starts once it exists; before that (and if it is removed) values
+        # are accepted unverified, a lab convenience (docs/lab.md)
+        trust = str(Path(out).parent / "trust.json")
         argv = [
             python,
             "-m",
@@ -100,7 +102,7 @@ def exabgp_conf(
             "--out",
             out,
             "--raw",
-            "--trust",
+            "--trust-when-present",
             trust,
         ]
         helper = n.restart_helper or n.graceful_restart

@@ -35,6 +35,13 @@ class CommandError(Exception):
     """Input a security command cannot use; the message is one line for the user."""
 
 
+def _network(text: str, what: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(text)
+    except ValueError as exc:
+        raise CommandError(f"{what}: {exc}") from None
+
+
 def parse_nlri(text: str) -> IPNetwork:
     try:
         return ipaddress.ip_network(text)
@@ -66,7 +73,10 @@ def public_key(private_key: JSON) -> JSON:
 
 def group_keygen(key_id: int, secret: bytes) -> JSON:
     """A group key file from a key id and 32 random bytes."""
-    return GroupKey.of(key_id, secret).to_json()
+    try:
+        return GroupKey.of(key_id, secret).to_json()
+    except ValueError as exc:
+        raise CommandError(f"--group: {exc}") from None
 
 
 def authorize(
@@ -82,15 +92,14 @@ def authorize(
     """The operator signs a node key's delegation; returns the delegation's JSON form."""
     try:
         node = bytes.fromhex(node_public_key)
-        nets = [ipaddress.ip_network(x) for x in (*routes, *addresses)]
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    except ValueError:
+        raise CommandError(f"node public key {node_public_key[:80]!r} is not hex") from None
     d = authorise(
         _signing_key(operator_key),
         node,
         cs_ids=cs_ids,
-        routes=nets[: len(routes)],
-        addresses=nets[len(routes) :],
+        routes=[_network(x, "route") for x in routes],
+        addresses=[_network(x, "address") for x in addresses],
         not_before_ms=not_before_ms,
         not_after_ms=not_after_ms,
     )

@@ -378,6 +378,21 @@ class Receiver:
         )
         return verdict, self.commit(verdict)
 
+    def reloaded(self, trust: TrustStore, loaded: TrustStore) -> Receiver:
+        """This receiver with a trust store read anew (`loaded` is the one it was built
+        from). The replay window, policy, group keys and counters carry over, so a
+        trust-file edit cannot re-admit an old (epoch, sequence); delegations learned
+        in-band are checked again against the new operators and kept if they pass."""
+        for k, auth in self.trust.authorisations.items():
+            before = loaded.authorisations.get(k)
+            if before is not None and before.delegation == auth.delegation:
+                continue  # it came from the old file: the new file says what holds now
+            try:
+                trust = trust.with_delegation(auth.delegation)
+            except (UnknownKeyError, BadDelegationError):
+                continue  # its operator is gone, or the new file holds a later one
+        return Receiver(trust, self.window, self.policy, self.group_keys, self.counters)
+
     def expire(self, now_ms: int) -> Receiver:
         """Forget routes whose last accepted advertisement is past the freshness window."""
         window = self.window.expire(now_ms, self.policy.max_age_ms)

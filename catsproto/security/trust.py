@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -269,24 +270,62 @@ class TrustStore:
 
     @classmethod
     def from_json(cls, obj: JSON) -> TrustStore:
-        """Load a trust file; every delegation's operator signature is checked here."""
+        """Load a trust file; every delegation's operator signature is checked here.
+        Anything else than the documented shape raises `TrustFileError` naming the field."""
         if not isinstance(obj, dict) or obj.get("format") != TRUST_FORMAT:
             raise TrustFileError(f'a trust file is a JSON object with "format": "{TRUST_FORMAT}"')
         store = cls()
-        for i, op in enumerate(obj.get("operators", [])):
+        for i, op in enumerate(_list(obj, "operators")):
+            where = f"operators[{i}]"
+            if not isinstance(op, dict):
+                raise TrustFileError(f"{where} is {_shown(op)}, not a JSON object")
+            if "public_key" not in op:
+                raise TrustFileError(f"{where}: missing public_key")
+            public = _hex(op["public_key"], f"{where}: public_key")
+            name = op.get("name", "")
+            if not isinstance(name, str):
+                raise TrustFileError(f"{where}: name is {_shown(name)}, not a string")
             try:
-                public = bytes.fromhex(op["public_key"])
-                store = store.with_operator(public, str(op.get("name", "")))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TrustFileError(f"operators[{i}]: {exc}") from None
+                store = store.with_operator(public, name)
+            except KeyFormatError as exc:
+                raise TrustFileError(f"{where}: public_key: {exc}") from None
             if "key_id" in op and op["key_id"] != key_id(public).hex():
-                raise TrustFileError(f"operators[{i}]: key_id does not match public_key")
-        for i, item in enumerate(obj.get("delegations", [])):
+                raise TrustFileError(f"{where}: key_id does not match public_key")
+        for i, item in enumerate(_list(obj, "delegations")):
             try:
                 store = store.with_delegation(delegation_from_json(item))
             except (CodecError, TrustFileError) as exc:
                 raise TrustFileError(f"delegations[{i}]: {exc}") from None
         return store
+
+
+def _shown(value: object) -> str:
+    """A JSON value as the file has it, cut short for a one-line message."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _list(obj: dict[str, JSON], name: str, where: str = "") -> list[JSON]:
+    """`obj[name]` if it is a list; absent counts as empty."""
+    value = obj.get(name, [])
+    if not isinstance(value, list):
+        raise TrustFileError(f"{where}{name} is {_shown(value)}, not a list")
+    return value
+
+
+def _hex(value: JSON, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise TrustFileError(f"{what} is {_shown(value)}, not a hex string")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise TrustFileError(f"{what} {_shown(value)} is not hex") from None
+
+
+def _int(value: JSON, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TrustFileError(f"{what} is {_shown(value)}, not an integer")
+    return value
 
 
 def delegation_to_json(d: Delegation) -> JSON:
@@ -307,30 +346,59 @@ def delegation_to_json(d: Delegation) -> JSON:
 
 
 def delegation_from_json(obj: JSON) -> Delegation:
-    """Inverse of `delegation_to_json`; the result is exactly the delegation signed."""
+    """Inverse of `delegation_to_json`; the result is exactly the delegation signed.
+    A missing or mistyped field raises `TrustFileError` naming it; a value the TLV
+    refuses (a range, a length) raises the codec's error."""
     if not isinstance(obj, dict):
         raise TrustFileError("a delegation is a JSON object")
-    try:
-        algorithm = SignatureAlgorithm[str(obj["algorithm"]).upper()]
-        node_key = bytes.fromhex(obj["node_key"])
-        scope = [ScopeEntry.for_cs_id(c) for c in obj["cs_ids"]]
-        scope += [ScopeEntry.for_network(ScopeKind.ROUTE, n) for n in _networks(obj["routes"])]
-        scope += [ScopeEntry.for_network(ScopeKind.ADDRESS, n) for n in _networks(obj["addresses"])]
-        d = Delegation(
-            algorithm=algorithm,
-            operator_key_id=bytes.fromhex(obj["operator_key_id"]),
-            node_key=node_key,
-            not_before_ms=obj["not_before_ms"],
-            not_after_ms=obj["not_after_ms"],
-            operator_signature=bytes.fromhex(obj["operator_signature"]),
-            scope=tuple(sorted(scope, key=ScopeEntry.key)),
+    missing = [name for name in _DELEGATION_FIELDS if name not in obj]
+    if missing:
+        raise TrustFileError(f"delegation lacks {', '.join(missing)}")
+    algorithm = obj["algorithm"]
+    names = {a.name.lower(): a for a in SignatureAlgorithm}
+    if not isinstance(algorithm, str) or algorithm.lower() not in names:
+        raise TrustFileError(
+            f"delegation: algorithm {_shown(algorithm)} is not one of {', '.join(names)}"
         )
-    except KeyError as exc:
-        raise TrustFileError(f"delegation lacks {exc}") from None
-    except CodecError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise TrustFileError(f"delegation: {exc}") from None
+    node_key = _hex(obj["node_key"], "delegation: node_key")
+    scope = [
+        ScopeEntry.for_cs_id(_int(c, f"delegation: cs_ids[{i}]"))
+        for i, c in enumerate(_list(obj, "cs_ids", "delegation: "))
+    ]
+    for kind, name in ((ScopeKind.ROUTE, "routes"), (ScopeKind.ADDRESS, "addresses")):
+        for i, text in enumerate(_list(obj, name, "delegation: ")):
+            scope.append(ScopeEntry.for_network(kind, _network(text, f"delegation: {name}[{i}]")))
+    d = Delegation(
+        algorithm=names[algorithm.lower()],
+        operator_key_id=_hex(obj["operator_key_id"], "delegation: operator_key_id"),
+        node_key=node_key,
+        not_before_ms=_int(obj["not_before_ms"], "delegation: not_before_ms"),
+        not_after_ms=_int(obj["not_after_ms"], "delegation: not_after_ms"),
+        operator_signature=_hex(obj["operator_signature"], "delegation: operator_signature"),
+        scope=tuple(sorted(scope, key=ScopeEntry.key)),
+    )
     if "node_key_id" in obj and obj["node_key_id"] != key_id(node_key).hex():
         raise TrustFileError("delegation: node_key_id does not match node_key")
     return d
+
+
+_DELEGATION_FIELDS = (
+    "algorithm",
+    "operator_key_id",
+    "node_key",
+    "not_before_ms",
+    "not_after_ms",
+    "cs_ids",
+    "routes",
+    "addresses",
+    "operator_signature",
+)
+
+
+def _network(value: JSON, what: str) -> IPNetwork:
+    if not isinstance(value, str):
+        raise TrustFileError(f"{what} is {_shown(value)}, not a string")
+    try:
+        return ipaddress.ip_network(value)
+    except ValueError as exc:
+        raise TrustFileError(f"{what}: {exc}") from None
