@@ -600,3 +600,30 @@ def test_file_that_is_json_null_is_a_usage_error(files, args):
 def test_verify_with_a_mistyped_trust_file_names_the_field(files):
     done = _cli("verify", "value.hex", "--trust", "ops5.json", "--route", str(NLRI), cwd=files)
     _one_line_usage_error(done, "trust file: operators is 5, not a list")
+
+
+def test_the_verifier_prunes_replay_entries_of_routes_silent_past_the_window(tmp_path):
+    """A long-lived receiver hears routes come and go: entries of routes silent for
+    longer than the freshness window are dropped (the window stays bounded), and an old
+    value of such a route is still refused, now as stale."""
+    from catsproto.security.vectors import OTHER_NLRI
+
+    path = tmp_path / "trust.json"
+    path.write_text(_trust_json())
+    now = [NOW_MS]
+    verifier = rx.TrustFileVerifier(path, clock=lambda: now[0] / 1000, log=lambda _: None)
+    rib = rx.CacheRib(verifier=verifier)
+    old = _signed(5)  # timestamped NOW_MS - 1 s, on NLRI
+    rx.run([_announce(old)], rib, lambda _: None)
+    assert len(verifier._receiver.window) == 1
+    max_age = verifier._receiver.policy.max_age_ms
+    now[0] = NOW_MS + max_age + 60_000  # NLRI silent since; OTHER_NLRI speaks, fresh
+    fresh = wire.encode(security.sign(F.at(1, 6, now[0] - 1000), F.node, OTHER_NLRI))
+    changes: list[rx.Change] = []
+    rx.run([_announce(fresh, OTHER_NLRI), _announce(old)], rib, changes.append)
+    kinds = [(c.kind, c.reason) for c in changes]
+    assert kinds[0] == ("accept", "")
+    (kind, reason), *_ = kinds[1:]  # the old value again: refused, as stale
+    assert kind == "treat-as-withdraw" and "stale" in reason, kinds
+    window = verifier._receiver.window
+    assert len(window) == 1 and all(key.nlri == OTHER_NLRI for key, _ in window)

@@ -258,6 +258,7 @@ class TrustFileVerifier:
         self._receiver: Any = None  # built from the last good load
         self._loaded: Any = None  # the TrustStore of the last good load
         self._absent = False
+        self._expired_ms = 0  # when the replay window was last pruned
         self.loads = 0
         self.reload_failures = 0
         self.error = "not read yet"
@@ -310,6 +311,11 @@ class TrustFileVerifier:
                 return UNVERIFIED
             return Verification(False, False, f"trust file unavailable: {self.error}")
         now_ms = int(self.clock() * 1000)
+        if now_ms - self._expired_ms >= receiver.policy.max_age_ms // 2:
+            # routes silent past the freshness window: their replay entries can go, as
+            # anything as old is refused as stale before the window is asked
+            receiver = receiver.expire(now_ms)
+            self._expired_ms = now_ms
         verdict, self._receiver = receiver.receive(value, prefix, now_ms, decoded=adv)
         if verdict.reason in (Reason.OK, Reason.DUPLICATE):
             return Verification(True, True)
