@@ -306,3 +306,21 @@ def test_without_group_keys_a_sealed_advertisement_verifies_unread():
     verdict = Receiver(F.trust).check(value, NLRI, NOW_MS)
     assert verdict.ok and verdict.advertisement.cache_summaries is None
     assert verdict.advertisement.get(wire.SealedCache) is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({}, "key_id null is not an integer"),
+        ({"key_id": "7", "secret": "00" * 32}, 'key_id "7" is not an integer'),
+        ({"key_id": True, "secret": "00" * 32}, "key_id true is not an integer"),
+        ({"key_id": 7}, "secret missing"),
+        ({"key_id": 7, "secret": "zz" * 32}, "secret is not hex"),
+        ({"key_id": 7, "secret": "00" * 31}, "31 bytes, not 32"),
+    ],
+)
+def test_group_key_file_errors_name_the_field_and_never_the_secret(fields, words):
+    obj = {"format": F.group.active.to_json()["format"], **fields}
+    with pytest.raises(ValueError, match=words) as info:
+        GroupKey.from_json(obj)
+    assert "zz" not in str(info.value)

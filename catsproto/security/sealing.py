@@ -25,6 +25,7 @@ cached. `open_sealed` reverses it.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -82,7 +83,16 @@ class GroupKey:
     def from_json(cls, obj: JSON) -> GroupKey:
         if not isinstance(obj, dict) or obj.get("format") != GROUP_KEY_FORMAT:
             raise ValueError(f"not a group key file (format {GROUP_KEY_FORMAT})")
-        return cls.of(int(obj["key_id"]), bytes.fromhex(obj["secret"]))
+        key_id, secret = obj.get("key_id"), obj.get("secret")
+        if type(key_id) is not int:
+            raise ValueError(f"key_id {json.dumps(key_id)[:40]} is not an integer")
+        if not isinstance(secret, str):
+            raise ValueError("secret missing or not a hex string")
+        try:
+            raw = bytes.fromhex(secret)
+        except ValueError:
+            raise ValueError("secret is not hex") from None  # never echo a secret
+        return cls.of(key_id, raw)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GroupKey) and (other.key_id, other.secret) == (
