@@ -267,6 +267,11 @@ def test_node_agent_step_survives_bad_batches(ctx: zmq.Context, engine: RawEngin
             node.step(50)  # raised on the first bad batch before
         assert node.subscriber.stats.bad_payloads == len(BAD_PAYLOADS)
         assert node.state()["subscriber"]["bad_payloads"] == len(BAD_PAYLOADS)
+        scraped = node.metrics().decode()  # and the Prometheus scrape says so too
+        line = (
+            f'catsproto_node_bad_event_payloads_total{{instance="10.0.0.5"}} {len(BAD_PAYLOADS)}.0'
+        )
+        assert line in scraped.splitlines()
         assert node.cache.count(Tier.HBM) == 2 and node.error == ""
         assert node.builder.stats.advertisements >= 1
     finally:

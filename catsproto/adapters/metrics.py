@@ -112,6 +112,13 @@ class NodeCollector(Collector):
             c.add_metric([inst, "resync"], s2.resyncs)
             c.add_metric([inst, "restart"], s2.restarts)
             yield c
+            c = CounterMetricFamily(
+                "catsproto_node_bad_event_payloads",
+                "vLLM event frames refused (not msgpack, or an event that fails its checks)",
+                labels=["instance"],
+            )
+            c.add_metric([inst], s2.bad_payloads)
+            yield c
 
 
 def node_registry(collector: NodeCollector) -> CollectorRegistry:
