@@ -324,3 +324,18 @@ def test_group_key_file_errors_name_the_field_and_never_the_secret(fields, words
     with pytest.raises(ValueError, match=words) as info:
         GroupKey.from_json(obj)
     assert "zz" not in str(info.value)
+
+
+def test_a_key_or_delegation_file_of_another_kind_is_refused():
+    """Files say what they are: a private key of another algorithm, or a delegation of
+    another format, is refused rather than read as ours (both fields may be left out)."""
+    key = F.node.to_json("node-1")
+    with pytest.raises(security.KeyFormatError, match="algorithm 'rsa' is not ed25519"):
+        security.SigningKey.from_json({**key, "algorithm": "rsa"})
+    del key["algorithm"]
+    assert security.SigningKey.from_json(key).key_id == F.node.key_id
+    delegation = security.delegation_to_json(F.delegation)
+    with pytest.raises(security.TrustFileError, match='format "x/2" is not'):
+        security.delegation_from_json({**delegation, "format": "x/2"})
+    del delegation["format"]
+    assert security.delegation_from_json(delegation) == F.delegation

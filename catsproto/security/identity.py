@@ -114,6 +114,10 @@ class SigningKey:
             key = cls.from_seed(bytes.fromhex(obj["seed"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise KeyFormatError(f"private key file: bad seed ({exc})") from None
+        if "algorithm" in obj and obj["algorithm"] != "ed25519":
+            raise KeyFormatError(
+                f"private key file: algorithm {obj['algorithm']!r:.40} is not ed25519"
+            )
         for field, want in (("public_key", key.public.raw), ("key_id", key.key_id)):
             if field in obj and obj[field] != want.hex():
                 raise KeyFormatError(f"private key file: {field} does not match the seed")

@@ -351,6 +351,10 @@ def delegation_from_json(obj: JSON) -> Delegation:
     refuses (a range, a length) raises the codec's error."""
     if not isinstance(obj, dict):
         raise TrustFileError("a delegation is a JSON object")
+    if "format" in obj and obj["format"] != DELEGATION_FORMAT:
+        raise TrustFileError(
+            f"delegation: format {_shown(obj['format'])} is not {DELEGATION_FORMAT}"
+        )
     missing = [name for name in _DELEGATION_FIELDS if name not in obj]
     if missing:
         raise TrustFileError(f"delegation lacks {', '.join(missing)}")
