@@ -39,3 +39,18 @@ def test_table_format():
     text = campaign.table([ok, bad])
     assert "| 1 | instance crash | pass | detection 0.25 s | 0 | - |" in text
     assert "| 6 | hostile peer | FAIL (y) | - | - | malformed 3 |" in text
+
+
+def test_a_plan_appears_whole_or_not_at_all(tmp_path):
+    """The hostile speaker polls plans/*.json; a plan is written under a name that glob
+    does not match and renamed into place (it once read a half-written plan and died)."""
+    from catsproto.lab.faults.speaker import write_plan
+
+    (tmp_path / "plans").mkdir()
+    plan = {"rate": 100.0, "messages": [{"case": "x", "value": "00" * 5000}]}
+    tmp = tmp_path / "plans" / ".000.json.tmp"
+    tmp.write_text("{")  # a writer caught half way is invisible to the speaker's glob
+    assert list((tmp_path / "plans").glob("*.json")) == []
+    write_plan(tmp_path, "000.json", plan)
+    assert [p.name for p in (tmp_path / "plans").iterdir()] == ["000.json"]
+    assert json.loads((tmp_path / "plans" / "000.json").read_text()) == plan

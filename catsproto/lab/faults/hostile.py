@@ -38,6 +38,7 @@ from catsproto.lab.faults.harness import (
     Steerer,
     rejected_by_reason,
 )
+from catsproto.lab.faults.speaker import write_plan
 from catsproto.lab.instances import demo_prefix_keys, lab_key
 from catsproto.lab.topology import InstanceSpec
 
@@ -259,7 +260,7 @@ def run(root: Path, *, full: bool = False) -> Result:
         steer.start()
         mark = len(lab.events())
         started = time.time()
-        (base / "plans" / "000.json").write_text(json.dumps(the_plan))
+        write_plan(base, "000.json", the_plan)
         try:
             total = len(the_plan["messages"])
             lab.wait_for(

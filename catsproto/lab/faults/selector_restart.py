@@ -10,7 +10,6 @@ the window is rebuilt from what was just accepted.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from catsproto.lab.faults.harness import (
     rejected_by_reason,
 )
 from catsproto.lab.faults.hostile import start_speaker, wait_established
+from catsproto.lab.faults.speaker import write_plan
 
 I1, I2 = "10.101.0.11", "10.102.0.11"
 CURRENT, OLDER = 5, 4
@@ -63,7 +63,7 @@ def run(root: Path, *, full: bool = False) -> Result:
             * replays,
         }
         mark = len(lab.events())
-        (speaker_dir / "plans" / "000.json").write_text(json.dumps(plan))
+        write_plan(speaker_dir, "000.json", plan)
         evil = lab.address_of(HOSTILE, RECEIVER)
         lab.wait_for(
             lambda: sum(rejected_by_reason(lab.events()[mark:], evil).values()) >= replays,

@@ -190,6 +190,14 @@ def run_plan(speaker: HostileSpeaker, plan: dict[str, Any], next_hop: str) -> No
     speaker.write_status()
 
 
+def write_plan(speaker_dir: Path, name: str, the_plan: dict) -> None:
+    """Hand the speaker a plan: written beside and renamed into place, so the speaker,
+    which polls plans/*.json, never reads half a file."""
+    tmp = speaker_dir / "plans" / f".{name}.tmp"
+    tmp.write_text(json.dumps(the_plan))
+    tmp.rename(speaker_dir / "plans" / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="hostile BGP test speaker (lab only)")
     p.add_argument("--dir", required=True, help="plans/ in, status.json out")
@@ -207,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             for f in sorted((base / "plans").glob("*.json")):
                 if f.name in done or speaker.sock is None:
                     continue
+                try:
+                    the_plan = json.loads(f.read_text())
+                except ValueError:  # a writer that did not rename into place: next round
+                    continue
                 done.add(f.name)
-                run_plan(speaker, json.loads(f.read_text()), args.listen)
+                run_plan(speaker, the_plan, args.listen)
                 speaker.status["plans_done"].append(f.name)
                 speaker.write_status()
             time.sleep(0.05)
