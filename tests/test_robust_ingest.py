@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,20 +180,6 @@ def test_a_refused_batch_changes_nothing_in_the_ingest() -> None:
 
 
 # ---- the subscriber counts a refused batch, resyncs the rank, and goes on ---------------
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
-def engine(ctx: zmq.Context) -> Iterator[RawEngine]:
-    e = RawEngine(ctx)
-    yield e
-    e.close()
 
 
 def drain(sub: VllmEventSubscriber, frames: int) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 
 import msgpack
 import pytest
@@ -278,20 +277,6 @@ class RawEngine:
         self.thread.join(timeout=2)
         self.pub.close(linger=0)
         self.router.close(linger=0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
-def engine(ctx: zmq.Context) -> Iterator[RawEngine]:
-    e = RawEngine(ctx)
-    yield e
-    e.close()
 
 
 def workload(n: int) -> list[bytes]:
