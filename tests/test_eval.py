@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import math
+import sys
 
 import pytest
 
@@ -286,3 +287,38 @@ def test_headline_compares_catsproto_with_nearest_and_the_oracle():
         "hit 20.0%)",
     ]
     assert headline(rows[1:2]) == []  # nothing to compare with
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_redraws_on_a_terminal_and_writes_one_line_to_a_file(monkeypatch, tty):
+    from catsproto.commands.eval import _Bar, _SeedProgress
+
+    err = _Stream(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    bar = _Bar("catsproto x4", 200, True)
+    for done in range(1, 201):
+        bar(done)
+    seeds = _SeedProgress(2, True)
+    for i in range(2):
+        seeds.start(i, f"seed {i + 1}")
+        seeds.percent(i, 50)
+        seeds.finish(i)
+    text = err.getvalue()
+    if tty:
+        assert text.count("\r") >= 100 + 6 and "[#########################] 100%" in text
+    else:
+        assert "\r" not in text
+        assert text.splitlines() == [
+            "catsproto x4               done",
+            "runs done 1/2: seed 1",
+            "runs done 2/2: seed 2",
+        ]

@@ -83,11 +83,21 @@ SWEEP_FPRS = (0.001, 0.01, 0.05, 0.2)
 
 
 class _Bar:
+    """A run's progress on stderr: a bar redrawn in place on a terminal; into a file or
+    a pipe (a CI log), one line when the run is done instead of a hundred redraws."""
+
     def __init__(self, label: str, total: int, enabled: bool) -> None:
         self.label, self.total, self.enabled, self.shown = label, max(1, total), enabled, -1
+        self.tty = _is_tty()
 
     def __call__(self, done: int) -> None:
         pct = 100 * done // self.total
+        if self.enabled and not self.tty:
+            if done >= self.total and self.shown < 100:
+                self.shown = 100
+                sys.stderr.write(f"{self.label:<26} done\n")
+                sys.stderr.flush()
+            return
         if self.enabled and pct != self.shown:
             self.shown = pct
             bar = "#" * (pct // 4) + "-" * (25 - pct // 4)
@@ -379,12 +389,14 @@ class SeedRunner:
 
 
 class _SeedProgress:
-    """One line on stderr: runs done of all, and each current run with its percentage."""
+    """One line on stderr: runs done of all, and each current run with its percentage,
+    redrawn in place on a terminal; into a file or a pipe, a line per finished run."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.enabled, self.done = total, enabled, 0
         self.current: dict[int, tuple[str, int]] = {}
         self.width = 0
+        self.tty = _is_tty()
 
     def start(self, index: int, label: str) -> None:
         self.current[index] = (label, 0)
@@ -396,21 +408,32 @@ class _SeedProgress:
             self._show()
 
     def finish(self, index: int) -> None:
-        self.current.pop(index, None)
+        label, _ = self.current.pop(index, ("", 0))
         self.done += 1
+        if self.enabled and not self.tty:
+            sys.stderr.write(f"runs done {self.done}/{self.total}: {label}\n")
+            sys.stderr.flush()
+            return
         self._show()
         if self.enabled and self.done == self.total:
             sys.stderr.write("\n")
             sys.stderr.flush()
 
     def _show(self) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.tty:
             return
         running = " | ".join(f"{lab} {pct:3d}%" for _, (lab, pct) in sorted(self.current.items()))
         line = f"runs done {self.done}/{self.total}" + (f" | {running}" if running else "")
         sys.stderr.write("\r" + line.ljust(self.width))
         self.width = len(line)
         sys.stderr.flush()
+
+
+def _is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def _percent_reporter(total: int, report: Callable[[int], None]) -> Callable[[int], None]:
