@@ -6,6 +6,9 @@ liveness) in numpy arrays indexed by slot, so a decision scores every instance i
 vector operations. Each instance keeps one `SummaryReceiver` per (tier, shard) — the
 summaries layer decides snapshot/delta/stale — and a generation number that moves
 whenever any of them changes, which is what the key index (`index.py`) invalidates on.
+A tier's shards never overlap: when the origin doubles its shard count, an entry of the
+new layout retires the old layout's streams over its range, and an old-layout entry
+arriving later is ignored (versions rise across the change).
 
 Only advertisements that the security layer accepted reach `accept`; the RIB still
 refuses what it cannot use (no summaries for an unknown kind, a broken delta) by
@@ -102,6 +105,12 @@ class Instance:
         if len(self.tiers) == 1:
             return np.full(keys.shape, int(next(iter(self.tiers))), dtype=np.int8)
         return self.lookup(keys)
+
+
+def _overlapping(tier: TierState, shard: tuple[int, int]) -> list[tuple[int, int]]:
+    """The tier's other streams whose key ranges overlap `shard` (another layout)."""
+    lo, hi = shard
+    return [s for s in tier.shards if s != shard and s[0] <= hi and lo <= s[1]]
 
 
 @dataclass
@@ -280,6 +289,12 @@ class RIB:
             tier.fetch_latency_us = entry.fetch_latency_us
             tier.fetch_bandwidth_mbps = entry.fetch_bandwidth_mbps
             shard = (entry.key_lo, entry.key_hi)
+            overlapping = _overlapping(tier, shard)
+            if any(tier.shards[o].version > entry.version for o in overlapping):
+                # a shard of an older layout, overtaken on another route by the layout
+                # that replaced it (versions rise across a shard-count change)
+                outcomes.append((entry.tier, shard, Outcome.OLD.value))
+                continue
             receiver = tier.shards.setdefault(shard, SummaryReceiver())
             try:
                 outcome = receiver.apply_entry(entry)
@@ -289,6 +304,12 @@ class RIB:
                 outcomes.append((entry.tier, shard, f"rejected: {exc.reason}"))
                 continue
             outcomes.append((entry.tier, shard, outcome.value))
+            if outcome is not Outcome.OLD and overlapping:
+                # the shard count changed: the older layout's streams over this range
+                # say what the origin held before, so they go
+                for o in overlapping:
+                    del tier.shards[o]
+                changed = True
             changed |= outcome in (Outcome.SNAPSHOT, Outcome.DELTA, Outcome.STALE)
         if changed:
             inst.summaries_changed()

@@ -1,0 +1,119 @@
+"""A shard-count change at the origin replaces, at the receiver, what the older layout said.
+
+When a summary outgrows its shards the sender doubles their number and every shard
+starts again with a snapshot (summary/shard.py); shard 0 of the new layout rides the
+route that shard 0 of the old one rode, so no route is withdrawn. The RIB keys a stream
+by (tier, key range), so a stream of the old layout has no successor of the same range:
+it has to give way to the new streams over its range, or it keeps claiming what the
+origin held before the change for as long as the origin lives.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from catsproto import wire
+from catsproto.node import (
+    AdvertisementBuilder,
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
+    TieredCache,
+    TierSpec,
+)
+from catsproto.selector import RIB
+from catsproto.summary import KIND_EXACT
+from catsproto.summary.versioning import Outcome
+from catsproto.wire import Tier
+
+H = Tier.HBM
+CS_ID = 7
+
+
+def builder_and_cache() -> tuple[AdvertisementBuilder, TieredCache]:
+    cache = TieredCache([TierSpec(H, 100_000, 0, 1_600_000)])
+    cfg = BuilderConfig(
+        cs_id=CS_ID,
+        address="10.0.0.5",
+        model_id="test/model",
+        block_size=4,
+        bytes_per_block=65_536,
+        site_id=3,
+        summary_kind=KIND_EXACT,  # no false positives: every claim is checkable
+        shard_range="10.255.1.0/24",
+        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=10_000, change_threshold=0),
+    )
+    return AdvertisementBuilder(cfg, cache, epoch=1), cache
+
+
+def keys(n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(k) for k in rng.integers(1, 2**64 - 1, n, dtype=np.uint64)]
+
+
+def deliver(builder: AdvertisementBuilder, rib: RIB, now: int) -> list[wire.Advertisement]:
+    sent = [wire.decode(wire.encode(r.advertisement)) for r in builder.poll(now, ComputeState())]
+    for adv in sent:
+        rib.accept(adv, now)
+    return sent
+
+
+def claimed(rib: RIB, ks: list[int]) -> int:
+    (inst,) = rib.services[CS_ID].live()
+    return int(np.count_nonzero(inst.lookup(np.array(ks, dtype=np.uint64))))
+
+
+def ranges(rib: RIB) -> list[tuple[int, int]]:
+    (inst,) = rib.services[CS_ID].live()
+    return sorted(inst.tiers[H].shards)
+
+
+def test_a_doubled_shard_count_retires_the_old_layouts_streams() -> None:
+    builder, cache = builder_and_cache()
+    rib = RIB()
+    old = keys(50, 1)
+    for k in old:
+        cache.store(H, k)
+    deliver(builder, rib, 0)
+    assert ranges(rib) == [(0, 2**64 - 1)]  # one shard
+    assert claimed(rib, old) == 50
+    for k in old:  # evicted; then enough new keys that one shard no longer fits
+        cache.remove(H, k)
+    new = keys(3_000, 2)
+    for k in new:
+        cache.store(H, k)
+    deliver(builder, rib, 1_000)
+    layout = ranges(rib)
+    assert len(layout) > 1  # the shard count grew ...
+    assert layout[0][0] == 0 and layout[-1][1] == 2**64 - 1  # ... and the new shards
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(layout))  # tile it
+    assert claimed(rib, new) == 3_000
+    assert claimed(rib, old) == 0  # the old single shard no longer answers
+
+
+def test_an_old_layouts_entry_arriving_late_is_ignored() -> None:
+    builder, cache = builder_and_cache()
+    first, late = RIB(), RIB()
+    old = keys(50, 3)
+    for k in old:
+        cache.store(H, k)
+    before = deliver(builder, first, 0)
+    for k in old:
+        cache.remove(H, k)
+    new = keys(3_000, 4)
+    for k in new:
+        cache.store(H, k)
+    after = deliver(builder, first, 1_000)
+    # a receiver that hears the new layout first and the old single shard afterwards
+    # (another path, reordered): the old entry must not displace the new streams
+    for adv in after:
+        late.accept(adv, 1_000)
+    shard_advs = [a for a in before if a.cache_summaries is not None]
+    assert shard_advs
+    for adv in shard_advs:
+        outcomes = late.accept(adv, 1_001).outcomes
+        assert [o for _, _, o in outcomes] == [Outcome.OLD.value]
+    assert ranges(late) == ranges(first)
+    assert claimed(late, new) == 3_000 and claimed(late, old) == 0
