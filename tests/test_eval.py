@@ -50,7 +50,8 @@ def test_eval_report(tmp_path, capsys):
     assert status == 0
     captured = capsys.readouterr()
     assert "catsproto" in captured.out and "hit %" in captured.out
-    assert "%" in captured.err  # the progress bar
+    # the progress display: captured (not a terminal), so a line per finished run
+    assert "catsproto x2               done" in captured.err and "\r" not in captured.err
     doc = json.loads((out / "results.json").read_text())
     assert doc["scenario"]["target_fpr"] == 0.02
     rows = {r["policy"]: r for r in doc["results"]}
