@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 
 from catsproto import wire
+from catsproto.adapters.steering import RibFeed
 from catsproto.node import (
     AdvertisementBuilder,
     BuilderConfig,
@@ -117,3 +118,76 @@ def test_an_old_layouts_entry_arriving_late_is_ignored() -> None:
         assert [o for _, _, o in outcomes] == [Outcome.OLD.value]
     assert ranges(late) == ranges(first)
     assert claimed(late, new) == 3_000 and claimed(late, old) == 0
+
+
+def rib_doc(routes: list[tuple[str, wire.Advertisement, bool]]) -> dict[str, object]:
+    """A receiver's rib.json with these (prefix, advertisement, verified) routes."""
+    return {
+        "routes": [
+            {
+                "peer": "10.0.0.1",
+                "prefix": prefix,
+                "value": wire.encode(adv).hex(),
+                "origin": str(adv.origin.address),
+                "cs_id": adv.origin.cs_id,
+                "verified": ok,
+            }
+            for prefix, adv, ok in routes
+        ]
+    }
+
+
+def test_a_shard_route_withdrawn_or_refused_takes_its_summary_along(tmp_path) -> None:
+    builder, cache = builder_and_cache()
+    mine = keys(3_000, 5)  # several shards from the start
+    for k in mine:
+        cache.store(H, k)
+    routes = [
+        (str(r.prefix), wire.decode(wire.encode(r.advertisement)))
+        for r in builder.poll(0, ComputeState())
+    ]
+    shards = [(p, a) for p, a in routes if a.cache_summaries is not None]
+    assert len(shards) > 1
+    feed = RibFeed(tmp_path / "rib.json")
+    assert feed.apply(rib_doc([(p, a, True) for p, a in routes]), 0)
+    assert claimed(feed.rib, mine) == 3_000
+    (entry,) = shards[0][1].cache_summaries.entries  # type: ignore[union-attr]
+    in_first = [k for k in mine if entry.key_lo <= k <= entry.key_hi]
+    assert 0 < len(in_first) < 3_000
+    # the first shard's route refused by the receiver (treat-as-withdraw), the rest kept
+    doc = rib_doc([(p, a, p != shards[0][0]) for p, a in routes])
+    assert feed.apply(doc, 1)
+    assert claimed(feed.rib, in_first) == 0
+    assert claimed(feed.rib, mine) == 3_000 - len(in_first)
+    # and withdrawn outright: the second shard's route is no longer in the file at all
+    doc = rib_doc([(p, a, p != shards[0][0]) for p, a in routes if p != shards[1][0]])
+    assert feed.apply(doc, 2)
+    (entry2,) = shards[1][1].cache_summaries.entries  # type: ignore[union-attr]
+    in_second = [k for k in mine if entry2.key_lo <= k <= entry2.key_hi]
+    assert claimed(feed.rib, in_second) == 0 and in_second
+    assert [str(i.address) for i in feed.rib.services[CS_ID].live()] == ["10.0.0.5"]
+
+
+def test_without_its_own_host_route_an_origin_is_not_used_and_comes_back_whole(tmp_path) -> None:
+    builder, cache = builder_and_cache()
+    mine = keys(3_000, 6)
+    for k in mine:
+        cache.store(H, k)
+    routes = [
+        (str(r.prefix), wire.decode(wire.encode(r.advertisement)))
+        for r in builder.poll(0, ComputeState())
+    ]
+    main = "10.0.0.5/32"
+    assert routes[0][0] == main and len(routes) > 2
+    feed = RibFeed(tmp_path / "rib.json")
+    # its shard routes first: nothing to steer to yet
+    assert feed.apply(rib_doc([(p, a, True) for p, a in routes if p != main]), 0)
+    assert CS_ID not in feed.rib.services or not feed.rib.services[CS_ID].live()
+    assert feed.apply(rib_doc([(p, a, True) for p, a in routes]), 1)
+    assert claimed(feed.rib, mine) == 3_000
+    # its own route refused (treat-as-withdraw): the instance is gone ...
+    assert feed.apply(rib_doc([(p, a, p != main) for p, a in routes]), 2)
+    assert not feed.rib.services[CS_ID].live()
+    # ... and back with every summary once that route is good again
+    assert feed.apply(rib_doc([(p, a, True) for p, a in routes]), 3)
+    assert claimed(feed.rib, mine) == 3_000

@@ -192,6 +192,7 @@ class RibFeed:
             return False
         current: dict[tuple[str, str], str] = {}
         origins: dict[str, int] = {}
+        owner: dict[tuple[str, str], str] = {}
         for route in routes:
             checked = _rib_route(route)
             if checked is None:
@@ -203,6 +204,21 @@ class RibFeed:
             current[key] = value
             if origin is not None:
                 origins[origin[0]] = origin[1]
+                owner[key] = origin[0]
+        # an origin is usable only while its own host route (its CSCI-ID: the way to
+        # reach it, and its metrics) stands; until it is back, its shard routes wait
+        hosts = {key[1] for key in current}
+        for address in [a for a in origins if _host_route(a) not in hosts]:
+            del origins[address]
+        current = {k: v for k, v in current.items() if k not in owner or owner[k] in origins}
+        for key, value in self._values.items():
+            if key not in current:  # withdrawn or refused: what it said no longer holds
+                try:
+                    gone = wire.decode(bytes.fromhex(value))
+                except wire.CodecError:
+                    continue
+                if str(gone.origin.address) in origins:  # else the whole origin goes below
+                    self.rib.forget_summaries(gone)
         for key, value in current.items():
             if self._values.get(key) != value:
                 try:
@@ -218,6 +234,11 @@ class RibFeed:
                 self.key_ids.pop(address, None)
         self._values, self._origins, self.routes = current, origins, len(current)
         return True
+
+
+def _host_route(address: str) -> str:
+    ip = ipaddress.ip_address(address)
+    return f"{ip}/{ip.max_prefixlen}"
 
 
 def _rib_route(
@@ -238,7 +259,7 @@ def _rib_route(
     if "origin" in route:
         address, cs_id = route["origin"], route.get("cs_id", 0)
         try:
-            ipaddress.ip_address(address)
+            address = str(ipaddress.ip_address(address))
         except ValueError:
             return None
         if type(cs_id) is not int or not 0 <= cs_id <= 0xFFFFFFFF:

@@ -316,6 +316,32 @@ class RIB:
             table.touch(inst)
         return AcceptResult(inst, outcomes, metrics_updated)
 
+    def forget_summaries(self, adv: Advertisement) -> int:
+        """The route that carried `adv` is gone (withdrawn, or refused: RFC 7606
+        treat-as-withdraw) while its origin still has others: forget the summary streams
+        it carried, unless a newer version of a stream came since. How many went."""
+        table = self.services.get(adv.origin.cs_id)
+        summaries = adv.cache_summaries
+        if table is None or summaries is None:
+            return 0
+        inst = table.by_address.get(adv.origin.address)
+        if inst is None:
+            return 0
+        gone = 0
+        for entry in summaries.entries:
+            tier = inst.tiers.get(entry.tier)
+            if tier is None:
+                continue
+            shard = (entry.key_lo, entry.key_hi)
+            held = tier.shards.get(shard)
+            if held is not None and held.version <= entry.version:
+                del tier.shards[shard]
+                gone += 1
+        if gone:
+            inst.summaries_changed()
+            table.touch(inst)
+        return gone
+
     def _metrics(self, table: ServiceTable, inst: Instance, adv: Advertisement) -> bool:
         l0 = adv.metrics_l0
         seq = (adv.sequence.epoch, adv.sequence.sequence)
