@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 
 from catsproto import wire
 from catsproto.adapters.steering import RibFeed
@@ -25,7 +27,8 @@ from catsproto.node import (
     TierSpec,
 )
 from catsproto.selector import RIB
-from catsproto.summary import KIND_EXACT
+from catsproto.selector.rib import TierState
+from catsproto.summary import KIND_EXACT, SummaryReceiver
 from catsproto.summary.versioning import Outcome
 from catsproto.wire import Tier
 
@@ -191,3 +194,33 @@ def test_without_its_own_host_route_an_origin_is_not_used_and_comes_back_whole(t
     # ... and back with every summary once that route is good again
     assert feed.apply(rib_doc([(p, a, True) for p, a in routes]), 3)
     assert claimed(feed.rib, mine) == 3_000
+
+
+@given(
+    cuts=st.lists(st.integers(1, 999), unique=True, max_size=12),
+    keep=st.lists(st.booleans(), min_size=13, max_size=13),
+    lo=st.integers(0, 1_000),
+    width=st.integers(0, 400),
+)
+def test_overlapping_finds_exactly_the_ranges_that_share_a_key(cuts, keep, lo, width) -> None:
+    tier = TierState(H, 1, 0, 1)
+    edges = [0, *sorted(cuts), 1_000]
+    stored = [(a, b - 1) for (a, b), k in zip(itertools.pairwise(edges), keep, strict=False) if k]
+    for shard in reversed(stored):  # any insertion order
+        tier.add(shard, SummaryReceiver())
+    shard = (lo, lo + width)
+    brute = {s for s in stored if s != shard and s[0] <= shard[1] and shard[0] <= s[1]}
+    assert set(tier.overlapping(shard)) == brute
+    if stored:
+        tier.drop(stored[0])
+        assert tier.ranges == sorted(stored[1:]) and stored[0] not in tier.shards
+
+
+def test_overlapping_at_a_shared_boundary_key() -> None:
+    tier = TierState(H, 1, 0, 1)
+    for shard in [(0, 4), (5, 10), (11, 20)]:
+        tier.add(shard, SummaryReceiver())
+    assert tier.overlapping((5, 5)) == [(5, 10)]
+    assert sorted(tier.overlapping((0, 5))) == [(0, 4), (5, 10)]
+    assert sorted(tier.overlapping((10, 11))) == [(5, 10), (11, 20)]
+    assert tier.overlapping((21, 30)) == [] and tier.overlapping((5, 10)) == []

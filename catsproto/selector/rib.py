@@ -17,6 +17,7 @@ recording it, never by raising past its caller. Time is `now_ms`, passed in.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +43,29 @@ class TierState:
     fetch_latency_us: int
     fetch_bandwidth_mbps: int
     shards: dict[tuple[int, int], SummaryReceiver] = field(default_factory=dict)
+    # the shards' key ranges, sorted; they never overlap (`add`, `drop`, `overlapping`)
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, shard: tuple[int, int], receiver: SummaryReceiver) -> None:
+        self.shards[shard] = receiver
+        bisect.insort(self.ranges, shard)
+
+    def drop(self, shard: tuple[int, int]) -> None:
+        del self.shards[shard]
+        del self.ranges[bisect.bisect_left(self.ranges, shard)]
+
+    def overlapping(self, shard: tuple[int, int]) -> list[tuple[int, int]]:
+        """The other shards whose key ranges overlap `shard` (another layout's). The
+        ranges are disjoint, so sorted by their low keys they are sorted by their high
+        keys too: the overlapping ones sit just below where `shard` would go."""
+        lo, hi = shard
+        out = []
+        j = bisect.bisect_right(self.ranges, (hi, 1 << 64)) - 1  # every range starting <= hi
+        while j >= 0 and self.ranges[j][1] >= lo:
+            if self.ranges[j] != shard:
+                out.append(self.ranges[j])
+            j -= 1
+        return out
 
     def contains_many(self, keys: np.ndarray) -> np.ndarray:
         held = np.zeros(keys.shape, dtype=bool)
@@ -105,12 +129,6 @@ class Instance:
         if len(self.tiers) == 1:
             return np.full(keys.shape, int(next(iter(self.tiers))), dtype=np.int8)
         return self.lookup(keys)
-
-
-def _overlapping(tier: TierState, shard: tuple[int, int]) -> list[tuple[int, int]]:
-    """The tier's other streams whose key ranges overlap `shard` (another layout)."""
-    lo, hi = shard
-    return [s for s in tier.shards if s != shard and s[0] <= hi and lo <= s[1]]
 
 
 @dataclass
@@ -289,13 +307,16 @@ class RIB:
             tier.fetch_latency_us = entry.fetch_latency_us
             tier.fetch_bandwidth_mbps = entry.fetch_bandwidth_mbps
             shard = (entry.key_lo, entry.key_hi)
-            overlapping = _overlapping(tier, shard)
+            overlapping = tier.overlapping(shard)
             if any(tier.shards[o].version > entry.version for o in overlapping):
                 # a shard of an older layout, overtaken on another route by the layout
                 # that replaced it (versions rise across a shard-count change)
                 outcomes.append((entry.tier, shard, Outcome.OLD.value))
                 continue
-            receiver = tier.shards.setdefault(shard, SummaryReceiver())
+            receiver = tier.shards.get(shard)
+            fresh = receiver is None
+            if receiver is None:
+                receiver = SummaryReceiver()
             try:
                 outcome = receiver.apply_entry(entry)
             except CodecError as exc:
@@ -308,8 +329,10 @@ class RIB:
                 # the shard count changed: the older layout's streams over this range
                 # say what the origin held before, so they go
                 for o in overlapping:
-                    del tier.shards[o]
+                    tier.drop(o)
                 changed = True
+            if fresh:
+                tier.add(shard, receiver)
             changed |= outcome in (Outcome.SNAPSHOT, Outcome.DELTA, Outcome.STALE)
         if changed:
             inst.summaries_changed()
@@ -335,7 +358,7 @@ class RIB:
             shard = (entry.key_lo, entry.key_hi)
             held = tier.shards.get(shard)
             if held is not None and held.version <= entry.version:
-                del tier.shards[shard]
+                tier.drop(shard)
                 gone += 1
         if gone:
             inst.summaries_changed()
