@@ -134,11 +134,14 @@ def _writer(path: str | None) -> tuple[Any, TextIO | None]:
     return on_routes, (out if out is not sys.stdout else None)
 
 
-def _wait_for_signal() -> None:
+def _stop_on_signal() -> threading.Event:
+    """An event SIGINT or SIGTERM sets. Installed before the command says it is ready, so
+    a supervisor that stops it right after the ready line gets a clean shutdown, not the
+    default action of the signal."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    return stop
 
 
 def _port(value: int) -> int:
@@ -199,6 +202,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             node.close()
         engine.close()
         raise UsageError(str(exc)) from None
+    stop = _stop_on_signal()
     print(
         json.dumps(
             {
@@ -211,7 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        _wait_for_signal()
+        stop.wait()
     finally:
         server.close()
         if sink is not None:
@@ -234,6 +238,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     on_routes, sink = _writer(args.adverts_out)
+    stop = _stop_on_signal()
     try:
         node = NodeAgent(
             config,
@@ -246,7 +251,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     except Exception as exc:
         raise UsageError(f"cannot start the node: {exc}") from None
     try:
-        _wait_for_signal()
+        stop.wait()
     finally:
         node.close()
         if sink is not None:
