@@ -51,6 +51,7 @@ import contextlib
 import http.client
 import ipaddress
 import json
+import math
 import os
 import signal
 import sys
@@ -193,6 +194,7 @@ class RibFeed:
         current: dict[tuple[str, str], str] = {}
         origins: dict[str, int] = {}
         owner: dict[tuple[str, str], str] = {}
+        heard: dict[tuple[str, str], int] = {}
         for route in routes:
             checked = _rib_route(route)
             if checked is None:
@@ -202,6 +204,11 @@ class RibFeed:
             if value is None:  # refused by the receiver: not ours to use
                 continue
             current[key] = value
+            at = route.get("received_at")
+            if type(at) in (int, float) and math.isfinite(at) and at >= 0:
+                # when the receiver took it, not when this file was read: a daemon that
+                # starts late must not see an origin that went silent long ago as fresh
+                heard[key] = min(now_ms, int(at * 1000))
             if origin is not None:
                 origins[origin[0]] = origin[1]
                 owner[key] = origin[0]
@@ -211,8 +218,11 @@ class RibFeed:
         for address in [a for a in origins if _host_route(a) not in hosts]:
             del origins[address]
         current = {k: v for k, v in current.items() if k not in owner or owner[k] in origins}
+        standing = {key[1] for key in current}  # prefixes still carried by some peer
         for key, value in self._values.items():
-            if key not in current:  # withdrawn or refused: what it said no longer holds
+            if key not in current and key[1] not in standing:
+                # withdrawn or refused wherever it was heard: what it said no longer holds
+                # (a copy that still stands via another peer keeps it)
                 try:
                     gone = wire.decode(bytes.fromhex(value))
                 except wire.CodecError:
@@ -225,7 +235,7 @@ class RibFeed:
                     adv = wire.decode(bytes.fromhex(value))
                 except wire.CodecError:
                     continue
-                self.rib.accept(adv, now_ms)
+                self.rib.accept(adv, heard.get(key, now_ms))
                 if adv.signature is not None:
                     self.key_ids[str(adv.origin.address)] = adv.signature.key_id
         for address, cs_id in self._origins.items():

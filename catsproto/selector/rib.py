@@ -273,9 +273,19 @@ class RIB:
         origin = adv.origin
         table = self.table(origin.cs_id)
         inst = table.slot_for(origin.address, origin.site_id)
-        inst.heard_ms = now_ms
-        table.heard_ms[inst.slot] = now_ms
         seq = (adv.sequence.epoch, adv.sequence.sequence)
+        if inst.epoch_seq != (0, 0) and seq[0] < inst.epoch_seq[0]:
+            # from before the origin's restart, on a route that has not carried the new
+            # epoch yet (a late copy, a stale route of the crashed process): what it
+            # says is gone with that process, and it must not hold back the new epoch
+            summaries = adv.cache_summaries
+            old = [
+                (e.tier, (e.key_lo, e.key_hi), Outcome.OLD.value)
+                for e in (summaries.entries if summaries else ())
+            ]
+            return AcceptResult(inst, old, False)
+        inst.heard_ms = max(inst.heard_ms, now_ms)
+        table.heard_ms[inst.slot] = inst.heard_ms
         if inst.epoch_seq != (0, 0) and seq[0] > inst.epoch_seq[0]:
             # The origin restarted: what it said in its old epoch went with it. Its new
             # summaries start again at version 1, and replace the old ones, never merge.
@@ -348,8 +358,8 @@ class RIB:
         if table is None or summaries is None:
             return 0
         inst = table.by_address.get(adv.origin.address)
-        if inst is None:
-            return 0
+        if inst is None or adv.sequence.epoch < inst.epoch_seq[0]:
+            return 0  # an older epoch's streams went with its restart already
         gone = 0
         for entry in summaries.entries:
             tier = inst.tiers.get(entry.tier)
