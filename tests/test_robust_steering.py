@@ -5,6 +5,7 @@ bad rib.json changes nothing. Real server, real sockets on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -191,3 +192,22 @@ def test_unusable_routes_are_left_out_and_counted(tmp_path):
         "10.101.0.11",
         "10.101.0.12",
     }
+
+
+def test_a_same_size_rewrite_within_one_file_clock_tick_is_still_seen(tmp_path):
+    # On a coarse file clock two writes inside one tick share their mtime; a rewrite of
+    # the same size then looks unchanged to a stat. Shown here with os.utime.
+    path = tmp_path / "rib.json"
+    now = int(time.time() * 1000)
+    three = json.dumps(_rib_json(now, sites=(1, 3)))
+    path.write_text(three)
+    feed = RibFeed(path)
+    assert feed.refresh(now)
+    tick = path.stat().st_mtime_ns
+    one = json.dumps(_rib_json(now, sites=(1,)))
+    path.write_text(one.ljust(len(three)))  # same size: JSON allows trailing blanks
+    os.utime(path, ns=(tick, tick))
+    assert path.stat().st_size == len(three) and path.stat().st_mtime_ns == tick
+    assert feed.refresh(now)
+    assert {str(i.address)[:8] for i in feed.rib.services[100].live()} == {"10.101.0"}
+    assert not feed.refresh(now)  # read again, same content: nothing to do

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import ipaddress
 import json
@@ -83,6 +84,7 @@ from catsproto.selector import (
 )
 from catsproto.transfer import Outcome, StaleHitLedger
 
+RACY_NS = 2_000_000_000  # file timestamps may be this coarse (a kernel tick, a filesystem)
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
 LISTEN_BACKLOG = 256
@@ -161,6 +163,10 @@ class RibFeed:
         self._origins: dict[str, int] = {}  # address -> CS-ID
         self.key_ids: dict[str, bytes] = {}  # address -> key id of its verified signature
         self._stamp: tuple[int, int] | None = None
+        # a file changed within RACY_NS of being read may be rewritten at the same size
+        # within one tick of a coarse file clock: its content is compared until it is older
+        self._digest = b""
+        self._racy = False
         self.routes = 0
         self.bad_routes = 0  # routes of rib.json left out as unusable
         self.bad_documents = 0  # rib.json documents refused whole
@@ -172,14 +178,20 @@ class RibFeed:
         try:
             st = self.path.stat()
             stamp = (st.st_mtime_ns, st.st_size)
-            if stamp == self._stamp:
+            if stamp == self._stamp and not self._racy:
                 return False
-            doc = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
+            racy = time.time_ns() - st.st_mtime_ns < RACY_NS
+            digest = hashlib.blake2b(raw, digest_size=16).digest()
+            if stamp == self._stamp and digest == self._digest:
+                self._racy = racy
+                return False
+            doc = json.loads(raw)
         except (OSError, ValueError):
             return False  # not there yet, or caught mid-replace: next time
         if not self.apply(doc, now_ms):
             return False
-        self._stamp = stamp
+        self._stamp, self._digest, self._racy = stamp, digest, racy
         return True
 
     def apply(self, doc: Any, now_ms: int) -> bool:
