@@ -1,7 +1,8 @@
-"""The selector's per-slot state across slot reuse.
+"""The selector's per-slot state across slot reuse, and its paths across link updates.
 
 A RIB slot freed by a withdrawal (or expiry) is reused by the next new address; the work
-the selector logged for the departed instance must not be charged to the newcomer."""
+the selector logged for the departed instance must not be charged to the newcomer. A
+`Network.add` (a new delay measurement) must reach the selector's cached paths."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from catsproto.node import (
 from catsproto.selector import RIB, Link, Network, PathSelector, Request
 from catsproto.selector.selector import SelectorConfig
 from catsproto.summary import KIND_EXACT
-from tests.selector_fixtures import BLOCK, advert, entry
+from tests.selector_fixtures import BLOCK, BYTES_PER_BLOCK, advert, entry
 
 KEYS = np.arange(1000, 1016, dtype=np.uint64)  # a 16-block prompt
 TOKENS = 16 * BLOCK  # 8192: 819.2 ms of prefill at 10,000 tokens/s
@@ -188,3 +189,130 @@ def test_node_routes_through_the_codec_a_newcomer_starts_clean(pending):
     assert sel.queued_ms(7, ip("10.0.0.9"), 1500) == 0
     d = sel.decide(Request(7, OTHER, 100, "in"), 1500)
     assert str(d.chosen.address) == "10.0.0.9" and d.chosen.queue_ms == 0
+
+
+# ---- link-metric updates ------------------------------------------------------------------
+
+
+def test_network_version_moves_with_every_add():
+    net = Network([Link("a", "b", 1, 10)])
+    assert net.version == 1
+    net.add(Link("a", "b", 2, 10))
+    net.add(Link("b", "c", 2, 10))
+    assert net.version == 3 and net.path("a", "c").delay_ms == 4
+
+
+def _two_sites() -> tuple[RIB, Network, PathSelector]:
+    net = Network([Link("ingress", "site1", 5, 10_000), Link("ingress", "site2", 20, 10_000)])
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    return rib, net, PathSelector(rib, net)
+
+
+def test_a_link_that_became_slow_stops_attracting_traffic():
+    _, net, sel = _two_sites()
+    req = Request(7, OTHER, 4 * BLOCK, "ingress")
+    d = sel.decide(req, 1000)
+    assert str(d.chosen.address) == "10.0.1.1" and d.chosen.rtt_ms == 10
+    net.add(Link("ingress", "site1", 500, 10_000))  # a new measurement
+    d = sel.decide(req, 1001)
+    assert str(d.chosen.address) == "10.0.2.1" and d.chosen.rtt_ms == 40
+    assert str(d.runner_up.address) == "10.0.1.1" and d.runner_up.rtt_ms == 1000
+
+
+def test_a_new_shortcut_changes_the_priced_path_and_the_explained_one():
+    _, net, sel = _two_sites()
+    req = Request(7, OTHER, 4 * BLOCK, "ingress")
+    assert sel.decide(req, 1000).runner_up.path == ("ingress", "site2")
+    net.add(Link("ingress", "r1", 0.5, 10_000))
+    net.add(Link("r1", "site2", 0.5, 10_000))  # site2 now 1 ms away, through r1
+    d = sel.decide(req, 1001)
+    assert str(d.chosen.address) == "10.0.2.1"
+    assert d.chosen.path == ("ingress", "r1", "site2") and d.chosen.rtt_ms == 2
+
+
+def test_a_pull_is_priced_at_the_inter_site_link_as_it_is_now():
+    """The remote-KV option: an idle instance pulls an overloaded holder's prefix over
+    the site1-site2 link; when that link slows down, the pull's price follows (and past
+    a point it no longer wins)."""
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 400_000),
+        ]
+    )
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], backlog=100_000), now_ms=1000)  # 10 s
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    sel = PathSelector(rib, net)
+    req = Request(7, KEYS, TOKENS, "ingress")
+    transfer = 16 * BYTES_PER_BLOCK * 8 / (400_000 * 1000)
+    c = sel.decide(req, 1000).chosen
+    assert str(c.kv_source) == "10.0.1.1" and c.fetch_ms == pytest.approx(1 + 0.005 + transfer)
+    net.add(Link("site1", "site2", 3, 400_000))  # slower, still the shortest way
+    c = sel.decide(req, 1001).chosen
+    assert str(c.kv_source) == "10.0.1.1" and c.fetch_ms == pytest.approx(3 + 0.005 + transfer)
+    net.add(Link("ingress", "site1", 2_000, 10_000))
+    net.add(Link("site1", "site2", 2_000, 400_000))
+    c = sel.decide(req, 1002).chosen
+    assert str(c.address) == "10.0.2.1" and c.kv_source is None  # computing beats a 2 s pull
+
+
+def test_a_link_that_widened_lets_a_pull_win_that_was_out_of_reach():
+    """A pull out of reach (1 GiB over 500 Mbit/s: 17 s, the holder's queue is 10 s),
+    with the vectors from the holder's site prepared, wins once the link widens."""
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 500),
+        ]
+    )
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], backlog=100_000), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    sel = PathSelector(rib, net)
+    assert sel.prepare(7) == 2  # the widest path from the holder's site is known
+    req = Request(7, KEYS, TOKENS, "ingress")
+    d = sel.decide(req, 1000)
+    assert str(d.chosen.address) == "10.0.2.1" and d.chosen.kv_source is None
+    assert sel.forget_last(7, d.chosen.address)
+    net.add(Link("site1", "site2", 1, 400_000))
+    c = sel.decide(req, 1001).chosen
+    assert str(c.address) == "10.0.2.1" and str(c.kv_source) == "10.0.1.1"
+    assert c.fetch_ms == pytest.approx(1 + 0.005 + 16 * BYTES_PER_BLOCK * 8 / (400_000 * 1000))
+
+
+def test_after_each_update_the_decision_is_a_fresh_selectors():
+    """Vectors prepared from every site and cached pull terms are worked out again: each
+    decision after an update equals that of a selector built on the updated network."""
+    net = Network(
+        [
+            Link("ingress", "site1", 5, 10_000),
+            Link("ingress", "site2", 5, 10_000),
+            Link("site1", "site2", 1, 400_000),
+        ]
+    )
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], backlog=100_000), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2), now_ms=1000)
+    sel = PathSelector(rib, net)
+    assert sel.prepare(7) == 2
+    req = Request(7, KEYS, TOKENS, "ingress")
+    updates = [
+        Link("site1", "site2", 4, 400_000),
+        Link("ingress", "site2", 30, 10_000),
+        Link("site1", "site2", 1_500, 400_000),
+        Link("ingress", "site1", 0.5, 10_000),
+    ]
+    sources = []
+    for now, link in enumerate(updates, start=1001):
+        net.add(link)
+        got = sel.decide(req, now)
+        assert sel.forget_last(7, got.chosen.address)  # leave the queues as they were
+        want = PathSelector(rib, net).decide(req, now)
+        assert (got.chosen, got.runner_up) == (want.chosen, want.runner_up)
+        sources.append(str(got.chosen.kv_source))
+    assert sources == ["10.0.1.1", "10.0.1.1", "None", "None"]  # the pull stops paying
