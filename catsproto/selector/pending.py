@@ -79,6 +79,8 @@ class PendingWork:
     ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # drain: slots whose log is not empty (the others add nothing)
     busy: set[int] = field(default_factory=set)
+    # the table's `occupancy_version` at the last `refresh` (no slot to check while equal)
+    seen_occupancy: int = -1
 
     def grow(self, n: int) -> None:
         m = len(self.tokens)
@@ -115,9 +117,11 @@ class PendingWork:
         """Drop what newer advertisements count, and work out `ms` for `now_ms`."""
         n = len(table.alive)
         self.grow(n)
-        for slot in np.nonzero(table.occupant[:n] != self.seen_occupant[:n])[0].tolist():
-            self._forget(slot)
-            self.seen_occupant[slot] = table.occupant[slot]
+        if self.seen_occupancy != table.occupancy_version:
+            for slot in np.nonzero(table.occupant[:n] != self.seen_occupant[:n])[0].tolist():
+                self._forget(slot)
+                self.seen_occupant[slot] = table.occupant[slot]
+            self.seen_occupancy = table.occupancy_version
         changed = np.nonzero(table.metrics_version[:n] != self.seen_version[:n])[0]
         for slot in changed.tolist():
             log = self.log[slot]

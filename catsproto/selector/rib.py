@@ -147,6 +147,7 @@ class ServiceTable:
         self.by_address: dict[IPAddress, Instance] = {}
         self.generation = 0  # bumps on any summary change of any slot
         self.site_version = 0  # bumps when a slot's site changes
+        self.occupancy_version = 0  # bumps with any slot's `occupant`
         self.live_mask = 0  # bit per occupied slot
         self._alloc(capacity)
 
@@ -204,6 +205,7 @@ class ServiceTable:
         self.by_address[address] = inst
         self.alive[slot] = True
         self.occupant[slot] += 1
+        self.occupancy_version += 1
         self.live_mask |= 1 << slot
         self.site[slot] = site_id
         self.site_version += 1
@@ -249,6 +251,7 @@ class ServiceTable:
         self.instances[inst.slot] = None
         self.alive[inst.slot] = False
         self.occupant[inst.slot] += 1
+        self.occupancy_version += 1
         self.live_mask &= ~(1 << inst.slot)
         self.touch(inst)
         return inst
