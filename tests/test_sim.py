@@ -796,6 +796,7 @@ def test_forget_undoes_one_entry_by_time_and_size():
 
     class Table:  # what a count-mode `remove` reads of the service table
         ms_per_token = np.ones(1)
+        occupant = np.ones(1, dtype=np.int64)
 
     pend = PendingWork(drain=False)
     pend.grow(1)

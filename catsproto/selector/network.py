@@ -47,11 +47,13 @@ LOCAL = float("inf")  # bandwidth of the empty path (same node)
 
 
 class Network:
-    """An undirected graph of nodes (sites, routers) and links."""
+    """An undirected graph of nodes (sites, routers) and links. `version` moves with
+    every `add`: whoever keeps paths worked out from it (a selector) redoes them then."""
 
     def __init__(self, links: Iterable[Link] = ()):
         self._adj: dict[str, dict[str, Link]] = {}
         self._paths: dict[str, dict[str, Path]] = {}
+        self.version = 0
         for link in links:
             self.add(link)
 
@@ -60,6 +62,7 @@ class Network:
         self._adj.setdefault(link.a, {})[link.b] = link
         self._adj.setdefault(link.b, {})[link.a] = link
         self._paths.clear()
+        self.version += 1
 
     @property
     def nodes(self) -> set[str]:

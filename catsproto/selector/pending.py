@@ -18,6 +18,10 @@ and counts it in one of two ways (`SelectorConfig.pending`):
   advertisement's own millisecond still counts (the advertisement may have been built
   before it); `peer_selectors` does not apply.
 
+A slot's log belongs to the instance it was kept for: when the table puts another
+instance in the slot, or frees it (`ServiceTable.occupant` moves), the log, its tokens
+and its queue time are forgotten before the slot is read or written again.
+
 Pure: times come in as arguments.
 """
 
@@ -68,11 +72,15 @@ class PendingWork:
     peers: int = 1
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
     seen_version: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # the table's occupant counter per slot when its log was last checked (`_claim`)
+    seen_occupant: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     log: list[deque[tuple[int, float]]] = field(default_factory=list)
     # the queue time decide() adds to the drained advertised backlog, per slot
     ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # drain: slots whose log is not empty (the others add nothing)
     busy: set[int] = field(default_factory=set)
+    # the table's `occupancy_version` at the last `refresh` (no slot to check while equal)
+    seen_occupancy: int = -1
 
     def grow(self, n: int) -> None:
         m = len(self.tokens)
@@ -82,13 +90,38 @@ class PendingWork:
         self.seen_version = np.concatenate(
             [self.seen_version, np.full(n - m, -1, dtype=np.int64)]
         )
+        self.seen_occupant = np.concatenate([self.seen_occupant, np.zeros(n - m, dtype=np.int64)])
         self.log.extend(deque() for _ in range(n - m))
         self.ms = np.concatenate([self.ms, np.zeros(n - m)])
+
+    def _forget(self, slot: int) -> None:
+        self.log[slot].clear()
+        self.tokens[slot] = 0.0
+        self.ms[slot] = 0.0
+        self.busy.discard(slot)
+
+    def _claim(self, table: ServiceTable, slot: int) -> None:
+        """Make `slot`'s log its current occupant's: forget it if the table has put
+        another instance there (or freed it) since it was last checked."""
+        self.grow(slot + 1)
+        occupant = table.occupant[slot]
+        if self.seen_occupant[slot] != occupant:
+            self._forget(slot)
+            self.seen_occupant[slot] = occupant
+
+    def _is_current(self, table: ServiceTable, slot: int) -> bool:
+        """Whether `slot`'s log was kept for the instance now in it."""
+        return slot < len(self.log) and self.seen_occupant[slot] == table.occupant[slot]
 
     def refresh(self, table: ServiceTable, now_ms: int) -> None:
         """Drop what newer advertisements count, and work out `ms` for `now_ms`."""
         n = len(table.alive)
         self.grow(n)
+        if self.seen_occupancy != table.occupancy_version:
+            for slot in np.nonzero(table.occupant[:n] != self.seen_occupant[:n])[0].tolist():
+                self._forget(slot)
+                self.seen_occupant[slot] = table.occupant[slot]
+            self.seen_occupancy = table.occupancy_version
         changed = np.nonzero(table.metrics_version[:n] != self.seen_version[:n])[0]
         for slot in changed.tolist():
             log = self.log[slot]
@@ -116,7 +149,7 @@ class PendingWork:
     def add(self, table: ServiceTable, slot: int, now_ms: int, tokens: float) -> None:
         """Log `tokens` of work sent to `slot` at `now_ms` (in time order). With
         ``drain`` the queue time is worked out again at the next `refresh`."""
-        self.grow(slot + 1)
+        self._claim(table, slot)
         self.tokens[slot] += tokens
         self.log[slot].append((now_ms, tokens))
         if self.drain:
@@ -126,7 +159,8 @@ class PendingWork:
 
     def pop_last(self, table: ServiceTable, slot: int) -> float | None:
         """Undo the last entry of `slot`; its tokens, or None if the log was empty."""
-        if slot >= len(self.log) or not self.log[slot]:
+        self._claim(table, slot)
+        if not self.log[slot]:
             return None
         _, tokens = self.log[slot].pop()
         self.tokens[slot] -= tokens
@@ -139,8 +173,7 @@ class PendingWork:
     def remove(self, table: ServiceTable, slot: int, at_ms: int, tokens: float) -> bool:
         """Undo the newest entry of `slot` logged at `at_ms` with exactly `tokens`; False
         when there is none (a newer advertisement counted it, or it never was)."""
-        if slot >= len(self.log):
-            return False
+        self._claim(table, slot)
         log = self.log[slot]
         for k in range(len(log) - 1, -1, -1):
             when, logged = log[k]
@@ -161,7 +194,7 @@ class PendingWork:
         as the next decision would count it (no state changes, whatever has arrived)."""
         tps = float(table.prefill_tps[slot])
         backlog, at = float(table.backlog_tokens[slot]), float(table.metrics_ms[slot])
-        log = self.log[slot] if slot < len(self.log) else deque()
+        log = self.log[slot] if self._is_current(table, slot) else deque()
         if self.drain:
             return replay(backlog, at, log, tps, now_ms)
         drained = max(0.0, backlog - max(0.0, now_ms - at) * tps / 1000)

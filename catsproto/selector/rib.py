@@ -147,6 +147,7 @@ class ServiceTable:
         self.by_address: dict[IPAddress, Instance] = {}
         self.generation = 0  # bumps on any summary change of any slot
         self.site_version = 0  # bumps when a slot's site changes
+        self.occupancy_version = 0  # bumps with any slot's `occupant`
         self.live_mask = 0  # bit per occupied slot
         self._alloc(capacity)
 
@@ -167,6 +168,9 @@ class ServiceTable:
         self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
         self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
         self.metrics_version = grow(getattr(self, "metrics_version", None), np.int64, 0)
+        # bumps when a slot gets a new instance or loses its own: per-slot state kept
+        # outside the table (a selector's log of work sent) is the departed one's
+        self.occupant = grow(getattr(self, "occupant", None), np.int64, 0)
         # derived by `set_load`: ms per prefill token, the backlog in ms, and when it drains
         self.ms_per_token = grow(getattr(self, "ms_per_token", None), np.float64, 1000.0)
         self.backlog_ms = grow(getattr(self, "backlog_ms", None), np.float64, 0.0)
@@ -200,6 +204,8 @@ class ServiceTable:
         self.instances[slot] = inst
         self.by_address[address] = inst
         self.alive[slot] = True
+        self.occupant[slot] += 1
+        self.occupancy_version += 1
         self.live_mask |= 1 << slot
         self.site[slot] = site_id
         self.site_version += 1
@@ -244,6 +250,8 @@ class ServiceTable:
             return None
         self.instances[inst.slot] = None
         self.alive[inst.slot] = False
+        self.occupant[inst.slot] += 1
+        self.occupancy_version += 1
         self.live_mask &= ~(1 << inst.slot)
         self.touch(inst)
         return inst

@@ -285,10 +285,22 @@ class PathSelector:
         self._site_max_bw: dict[tuple[str, int], float] = {}
         self._arange = np.arange(0)
         self._site_derived: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._network_version = network.version  # what the four caches above were built on
 
     # ---- helpers -----------------------------------------------------------------------
 
+    def _network_moved(self) -> None:
+        """Forget the paths and per-site vectors when a link changed (`Network.add`: a new
+        delay measurement, say); they are worked out again from the network as it is."""
+        if self.network.version != self._network_version:
+            self._site_paths.clear()
+            self._site_cache.clear()
+            self._site_max_bw.clear()
+            self._site_derived.clear()
+            self._network_version = self.network.version
+
     def _path(self, node: str, site_id: int) -> Path | None:
+        self._network_moved()
         key = (node, site_id)
         if key not in self._site_paths:
             self._site_paths[key] = self.network.path(node, self.config.node_of(site_id))
@@ -301,6 +313,7 @@ class PathSelector:
         the table's sites change, only the slots whose site differs get a new path (a
         thousand-site table costs a path per site once, milliseconds). Fresh arrays each
         time: an estimate written out later still reads the values of its decision."""
+        self._network_moved()
         key = (node, table.cs_id)
         cached = self._site_cache.get(key)
         version = (table.site_version, len(table.site))
@@ -373,6 +386,7 @@ class PathSelector:
 
     def _has_vectors(self, node: str, table: ServiceTable) -> bool:
         """Whether the per-site vectors from `node` are built and current."""
+        self._network_moved()
         cached = self._site_cache.get((node, table.cs_id))
         return cached is not None and cached[0] == (table.site_version, len(table.site))
 
@@ -742,7 +756,7 @@ class PathSelector:
         (and so its rank too: the source holds the most, so a pull never adds prefill);
         `rank` is what the leaders were ranked by."""
         src_slot, cached_tokens = plan.src_slot, plan.src_cached_tokens
-        stamp = (table.site_version, len(table.site))
+        stamp = (table.site_version, len(table.site), self.network.version)
         pull_of = plan.pull
         loose = pull_of is not None and pull_of[7] and self._has_vectors(pull_of[1], table)
         if pull_of is None or pull_of[0] != stamp or loose:
@@ -810,7 +824,11 @@ class PathSelector:
         return True
 
     def _pull_terms(
-        self, table: ServiceTable, plan: _Holders, keys: np.ndarray, stamp: tuple[int, int]
+        self,
+        table: ServiceTable,
+        plan: _Holders,
+        keys: np.ndarray,
+        stamp: tuple[int, int, int],
     ) -> tuple:
         """What pulling the best source's prefix costs at best: (stamp, its site's graph
         node, blocks, bytes per block, tier bandwidth, tier latency, the fastest pull
