@@ -24,8 +24,12 @@ Versions, snapshots and deltas come from `catsproto.summary`: per tier (and shar
 sender announces a snapshot or a cumulative delta, whichever is smaller. Every
 advertisement gets the next sequence number of the origin's (epoch, sequence) — the
 epoch is given by the caller and must grow on every restart. Unchanged shards are not
-re-sent on a change, but everything is re-sent (same summary version, new sequence and
-timestamp) on the periodic refresh, so receivers' freshness checks keep passing.
+re-sent on a change, but every update also carries any route (shard or main) not sent for
+the dampening policy's max interval, and the dampener's refresh re-sends everything (new
+sequence and timestamp), so receivers' freshness checks keep passing however busy the
+other routes are. A route re-sent with nothing changed whose last update is a delta that
+has stood for the max interval announces a snapshot instead (a new version), so a
+receiver that missed the snapshot catches up on a quiet shard.
 Pure: the clock, the epoch and the filter seed are parameters.
 """
 
