@@ -24,14 +24,19 @@ Versions, snapshots and deltas come from `catsproto.summary`: per tier (and shar
 sender announces a snapshot or a cumulative delta, whichever is smaller. Every
 advertisement gets the next sequence number of the origin's (epoch, sequence) — the
 epoch is given by the caller and must grow on every restart. Unchanged shards are not
-re-sent on a change, but everything is re-sent (same summary version, new sequence and
-timestamp) on the periodic refresh, so receivers' freshness checks keep passing.
+re-sent on a change, but every update also carries any route (shard or main) not sent for
+the dampening policy's max interval, and the dampener's refresh re-sends everything (new
+sequence and timestamp), so receivers' freshness checks keep passing however busy the
+other routes are. A route re-sent with nothing changed whose last update is a delta that
+has stood for the max interval announces a snapshot instead (a new version), so a
+receiver that missed the snapshot catches up on a quiet shard.
 Pure: the clock, the epoch and the filter seed are parameters.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from catsproto import wire
@@ -183,6 +188,8 @@ class AdvertisementBuilder:
         )
         self._senders: dict[Tier, ShardedSender] = {}
         self._last_shards: dict[tuple[Tier, int], ShardUpdate] = {}
+        self._made_ms: dict[tuple[Tier, int], int] = {}  # when a stream's last update was new
+        self._sent_ms: dict[tuple[Tier, int] | None, int] = {}  # route (None: main) -> last sent
         self._advertised_keys = 0
         self._last_metrics: CatsMetrics | None = None
         self._advertised_wait: tuple[int, float] | None = None  # (when, queue wait ms)
@@ -313,6 +320,39 @@ class AdvertisementBuilder:
     def _stamp(self, now_ms: int, tlvs: list[wire.TLV]) -> Advertisement:
         return Advertisement.build(*tlvs, self._next_sequence(), Timestamp(now_ms))
 
+    def _due(self, now_ms: int, route: tuple[Tier, int] | None) -> bool:
+        """Has this route (a shard's, None for the main route) gone out, but not for the
+        policy's max interval?"""
+        sent = self._sent_ms.get(route)
+        return sent is not None and now_ms - sent >= self.config.dampening.max_interval_ms
+
+    def _stale_deltas(self, now_ms: int, tier: Tier, indices: set[int]) -> set[int]:
+        """Of these unchanged streams, those announcing the same delta for the max interval:
+        a receiver that missed its base never catches up on them without a snapshot."""
+        wait = self.config.dampening.max_interval_ms
+        return {
+            i
+            for i in indices
+            if self._last_shards[(tier, i)].update.is_delta
+            and now_ms - self._made_ms[(tier, i)] >= wait
+        }
+
+    def _update_streams(
+        self,
+        now_ms: int,
+        tier: Tier,
+        sender: ShardedSender,
+        keys: object,
+        snapshot: Collection[int] = (),
+    ) -> set[int]:
+        """Run the tier's sender; remember its announcements; the shards announced."""
+        announced = set()
+        for su in sender.update(keys, snapshot=snapshot):
+            self._last_shards[(tier, su.index)] = su
+            self._made_ms[(tier, su.index)] = now_ms
+            announced.add(su.index)
+        return announced
+
     def _build(
         self,
         now_ms: int,
@@ -334,8 +374,12 @@ class AdvertisementBuilder:
             entries = []
             for tier in self.cache.order:
                 sender = self._sender(tier, share)
-                for su in sender.update(self.cache.keys(tier)):
-                    self._last_shards[(tier, su.index)] = su
+                keys = self.cache.keys(tier)
+                changed = self._update_streams(now_ms, tier, sender, keys)
+                if not changed and (tier, 0) in self._last_shards:
+                    stale = self._stale_deltas(now_ms, tier, {0})
+                    if stale:
+                        self._update_streams(now_ms, tier, sender, keys, snapshot=stale)
                 if sender.shard_bits:
                     raise AdvertisementTooLarge(
                         f"{tier.name.lower()} summary of {self.cache.count(tier)} keys "
@@ -347,24 +391,38 @@ class AdvertisementBuilder:
             out.append(RouteAdvertisement(self.main_prefix, main, decision.reason))
         else:
             send_main = full or metrics_due or self.config.main_on_summary_change
+            main_reason = decision.reason
+            if not send_main and self._due(now_ms, None):
+                send_main, main_reason = True, Reason.REFRESH
             if send_main:
                 main = self._stamp(now_ms, main_tlvs)
-                out.append(RouteAdvertisement(self.main_prefix, main, decision.reason))
+                out.append(RouteAdvertisement(self.main_prefix, main, main_reason))
             shard_tlvs: list[wire.TLV] = [Version(wire.FORMAT_VERSION), self._origin, self._model]
             budget = self._value_budget - _tlvs_size(shard_tlvs) - 32
+            refresh_ms = self.config.dampening.max_interval_ms
             for tier in self.cache.order:
                 sender = self._sender(tier, budget)
-                send = set()
-                for su in sender.update(self.cache.keys(tier)):
-                    self._last_shards[(tier, su.index)] = su
-                    send.add(su.index)
-                if full:
-                    send |= {i for t, i in self._last_shards if t == tier}
-                for index in sorted(send):
+                keys = self.cache.keys(tier)
+                changed = self._update_streams(now_ms, tier, sender, keys)
+                # a route not sent for the max interval goes out with this update, so its
+                # signed timestamp stays fresh however busy the other routes are
+                again = {
+                    r[1]
+                    for r, at in self._sent_ms.items()
+                    if r is not None and r[0] == tier and (full or now_ms - at >= refresh_ms)
+                }
+                stale = self._stale_deltas(now_ms, tier, again - changed)
+                snapped = (
+                    self._update_streams(now_ms, tier, sender, keys, stale) if stale else set()
+                )
+                for index in sorted(changed | again | snapped):
                     entry = self._entry(tier, self._last_shards[(tier, index)])
                     adv = self._stamp(now_ms, [*shard_tlvs, CacheSummaries((entry,))])
                     prefix = self._shard_prefix(tier, index)
-                    out.append(RouteAdvertisement(prefix, adv, decision.reason, tier, index))
+                    reason = decision.reason if full or index in changed else Reason.REFRESH
+                    out.append(RouteAdvertisement(prefix, adv, reason, tier, index))
+        for r in out:
+            self._sent_ms[None if r.tier is None else (r.tier, r.shard or 0)] = now_ms
         self.dampener.sent(now_ms)
         self.cache.mark_advertised()
         self._advertised_keys = self.cache.used_blocks()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -225,8 +226,12 @@ class ShardedSender:
             for _ in range(1 << shard_bits)
         ]
 
-    def update(self, keys: object) -> list[ShardUpdate]:
-        """Announcements for the new key set: every shard that changed, each within budget."""
+    def update(self, keys: object, *, snapshot: Collection[int] = ()) -> list[ShardUpdate]:
+        """Announcements for the new key set: every shard that changed, each within budget.
+
+        The shards named in `snapshot` announce a snapshot (a new version) even when their
+        keys did not change: the way in for a receiver that missed their last snapshot.
+        """
         ukeys = unique_keys(keys)
         if not self._senders:
             bits = max(
@@ -234,19 +239,19 @@ class ShardedSender:
             )
             self._reset(bits)
         while True:
-            out = self._try(ukeys)
+            out = self._try(ukeys, frozenset(snapshot))
             if out is not None:
                 return out
             if self.shard_bits >= MAX_SHARD_BITS:
                 raise ValueError("keys do not fit the maximum number of shards")
             self._reset(self.shard_bits + 1)
 
-    def _try(self, ukeys: np.ndarray) -> list[ShardUpdate] | None:
+    def _try(self, ukeys: np.ndarray, snapshot: frozenset[int]) -> list[ShardUpdate] | None:
         trial = [copy.copy(s) for s in self._senders]
         out: list[ShardUpdate] = []
         for i, (sender, part) in enumerate(zip(trial, split_keys(ukeys, self.shard_bits),
                                                strict=True)):
-            update = sender.update(part)
+            update = sender.update(part, force_snapshot=i in snapshot)
             if update is None:
                 continue
             if ENTRY_OVERHEAD + update.summary.size() > self.budget_bytes and update.is_delta:
