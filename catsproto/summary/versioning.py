@@ -9,7 +9,8 @@ as it saw that snapshot. (``chain=True`` makes deltas against the previous versi
 instead: smaller, but one lost update leaves the receiver stale until the next snapshot.)
 The sender sends whichever of delta and snapshot is smaller, and a snapshot at least
 every ``snapshot_every`` updates, so cumulative deltas cannot grow without bound and a
-receiver that joined late catches up within that many updates.
+receiver that joined late catches up within that many updates (and, on a stream whose
+keys stopped changing, at its next refresh, which the builder sends as a snapshot).
 
 A receiver applies a delta only on top of exactly its base version — its current
 state, or the last snapshot it holds. Anything else (a delta on a version it never saw)
