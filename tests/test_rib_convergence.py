@@ -15,20 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catsproto import wire
-from catsproto.node import (
-    AdvertisementBuilder,
-    BuilderConfig,
-    ComputeState,
-    DampeningPolicy,
-    TieredCache,
-    TierSpec,
-)
+from catsproto.node import AdvertisementBuilder, ComputeState, TieredCache
 from catsproto.selector import RIB
-from catsproto.summary import KIND_EXACT
-from catsproto.wire import Tier
-
-H = Tier.HBM
-CS_ID = 7
+from tests.rib_helpers import CS_ID, H, instance
 
 # one step of the history: add this many new keys, then remove this share of all
 steps = st.lists(
@@ -39,20 +28,8 @@ steps = st.lists(
 
 
 def setup(snapshot_every: int) -> tuple[AdvertisementBuilder, TieredCache]:
-    cache = TieredCache([TierSpec(H, 1_000_000, 0, 1_600_000)])
-    cfg = BuilderConfig(
-        cs_id=CS_ID,
-        address="10.0.0.5",
-        model_id="test/model",
-        block_size=4,
-        bytes_per_block=65_536,
-        site_id=3,
-        summary_kind=KIND_EXACT,
-        snapshot_every=snapshot_every,
-        shard_range="10.255.0.0/20",  # room for 1,024 shard routes per tier
-        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=10**9, change_threshold=0),
-    )
-    return AdvertisementBuilder(cfg, cache, epoch=1), cache
+    # room for 1,024 shard routes per tier and no eviction: the history decides what goes
+    return instance(snapshot_every=snapshot_every, shard_range="10.255.0.0/20", capacity=10**6)
 
 
 def history(

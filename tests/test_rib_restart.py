@@ -10,68 +10,16 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from catsproto import wire
 from catsproto.adapters.steering import RibFeed
-from catsproto.node import (
-    AdvertisementBuilder,
-    BuilderConfig,
-    ComputeState,
-    DampeningPolicy,
-    TieredCache,
-    TierSpec,
-)
 from catsproto.selector import RIB
-from catsproto.summary import KIND_EXACT
 from catsproto.summary.versioning import Outcome
-from catsproto.wire import Tier
-
-H = Tier.HBM
-CS_ID = 7
-MAIN = "10.0.0.5/32"
-
-
-def instance(epoch: int) -> tuple[AdvertisementBuilder, TieredCache]:
-    cache = TieredCache([TierSpec(H, 100_000, 0, 1_600_000)])
-    cfg = BuilderConfig(
-        cs_id=CS_ID,
-        address="10.0.0.5",
-        model_id="test/model",
-        block_size=4,
-        bytes_per_block=65_536,
-        site_id=3,
-        summary_kind=KIND_EXACT,  # no false positives: every claim is checkable
-        snapshot_every=1,
-        shard_range="10.255.1.0/24",
-        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=10**9, change_threshold=0),
-    )
-    return AdvertisementBuilder(cfg, cache, epoch=epoch), cache
-
-
-def keys(n: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(k) for k in rng.integers(1, 2**64 - 1, n, dtype=np.uint64)]
-
-
-def poll(builder: AdvertisementBuilder, now: int) -> list[tuple[str, wire.Advertisement]]:
-    return [
-        (str(r.prefix), wire.decode(wire.encode(r.advertisement)))
-        for r in builder.poll(now, ComputeState())
-    ]
-
-
-def claimed(rib: RIB, ks: list[int]) -> int:
-    live = rib.services[CS_ID].live()
-    if not live:
-        return 0
-    (inst,) = live
-    return int(np.count_nonzero(inst.lookup(np.array(ks, dtype=np.uint64))))
+from tests.rib_helpers import CS_ID, MAIN, H, claimed, instance, keys, poll
 
 
 def test_a_late_copy_of_the_old_epoch_is_ignored_after_a_restart() -> None:
     rib = RIB()
-    old_builder, old_cache = instance(epoch=1)
+    old_builder, old_cache = instance(epoch=1, snapshot_every=1)
     old = keys(40, 1)
     for k in old:
         old_cache.store(H, k)
@@ -81,7 +29,7 @@ def test_a_late_copy_of_the_old_epoch_is_ignored_after_a_restart() -> None:
             rib.accept(adv, t * 1_000)
     old_cache.store(H, keys(1, 999)[0])
     late = [a for p, a in poll(old_builder, 12_000) if p != MAIN]  # delayed on its path
-    new_builder, new_cache = instance(epoch=2)  # restarted, with an empty cache
+    new_builder, new_cache = instance(epoch=2, snapshot_every=1)  # restarted, with an empty cache
     new = keys(30, 2)
     for k in new:
         new_cache.store(H, k)
@@ -100,11 +48,11 @@ def test_a_late_copy_of_the_old_epoch_is_ignored_after_a_restart() -> None:
 
 def test_forgetting_an_old_epochs_route_leaves_the_new_epoch_alone() -> None:
     rib = RIB()
-    old_builder, old_cache = instance(epoch=1)
+    old_builder, old_cache = instance(epoch=1, snapshot_every=1)
     for k in keys(20, 3):
         old_cache.store(H, k)
     before = poll(old_builder, 0)
-    new_builder, new_cache = instance(epoch=2)
+    new_builder, new_cache = instance(epoch=2, snapshot_every=1)
     held = keys(25, 4)
     for k in held:
         new_cache.store(H, k)
@@ -135,7 +83,7 @@ def rib_doc(routes: list[tuple[str, str, wire.Advertisement, float]]) -> dict[st
 
 
 def test_a_route_still_carried_by_another_peer_keeps_its_summary(tmp_path) -> None:
-    builder, cache = instance(epoch=1)
+    builder, cache = instance(epoch=1, snapshot_every=1)
     mine = keys(40, 5)
     for k in mine:
         cache.store(H, k)
@@ -153,7 +101,7 @@ def test_a_route_still_carried_by_another_peer_keeps_its_summary(tmp_path) -> No
 
 def test_a_late_starting_feed_dates_routes_by_when_they_were_received(tmp_path) -> None:
     hour_ms = 3_600_000
-    quiet, quiet_cache = instance(epoch=1)
+    quiet, quiet_cache = instance(epoch=1, snapshot_every=1)
     for k in keys(10, 6):
         quiet_cache.store(H, k)
     routes = [("192.0.2.1", p, a, 0.0) for p, a in poll(quiet, 0)]  # heard an hour ago

@@ -12,61 +12,24 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from catsproto import wire
 from catsproto.adapters.steering import RibFeed
-from catsproto.node import (
-    AdvertisementBuilder,
-    BuilderConfig,
-    ComputeState,
-    DampeningPolicy,
-    TieredCache,
-    TierSpec,
-)
+from catsproto.node import AdvertisementBuilder
 from catsproto.selector import RIB
 from catsproto.selector.rib import TierState
-from catsproto.summary import KIND_EXACT, SummaryReceiver
+from catsproto.summary import SummaryReceiver
 from catsproto.summary.versioning import Outcome
-from catsproto.wire import Tier
-
-H = Tier.HBM
-CS_ID = 7
-
-
-def builder_and_cache() -> tuple[AdvertisementBuilder, TieredCache]:
-    cache = TieredCache([TierSpec(H, 100_000, 0, 1_600_000)])
-    cfg = BuilderConfig(
-        cs_id=CS_ID,
-        address="10.0.0.5",
-        model_id="test/model",
-        block_size=4,
-        bytes_per_block=65_536,
-        site_id=3,
-        summary_kind=KIND_EXACT,  # no false positives: every claim is checkable
-        shard_range="10.255.1.0/24",
-        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=10_000, change_threshold=0),
-    )
-    return AdvertisementBuilder(cfg, cache, epoch=1), cache
-
-
-def keys(n: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(k) for k in rng.integers(1, 2**64 - 1, n, dtype=np.uint64)]
+from tests.rib_helpers import CS_ID, H, claimed, instance, keys, poll
 
 
 def deliver(builder: AdvertisementBuilder, rib: RIB, now: int) -> list[wire.Advertisement]:
-    sent = [wire.decode(wire.encode(r.advertisement)) for r in builder.poll(now, ComputeState())]
+    sent = [adv for _, adv in poll(builder, now)]
     for adv in sent:
         rib.accept(adv, now)
     return sent
-
-
-def claimed(rib: RIB, ks: list[int]) -> int:
-    (inst,) = rib.services[CS_ID].live()
-    return int(np.count_nonzero(inst.lookup(np.array(ks, dtype=np.uint64))))
 
 
 def ranges(rib: RIB) -> list[tuple[int, int]]:
@@ -75,7 +38,7 @@ def ranges(rib: RIB) -> list[tuple[int, int]]:
 
 
 def test_a_doubled_shard_count_retires_the_old_layouts_streams() -> None:
-    builder, cache = builder_and_cache()
+    builder, cache = instance()
     rib = RIB()
     old = keys(50, 1)
     for k in old:
@@ -98,7 +61,7 @@ def test_a_doubled_shard_count_retires_the_old_layouts_streams() -> None:
 
 
 def test_an_old_layouts_entry_arriving_late_is_ignored() -> None:
-    builder, cache = builder_and_cache()
+    builder, cache = instance()
     first, late = RIB(), RIB()
     old = keys(50, 3)
     for k in old:
@@ -141,14 +104,11 @@ def rib_doc(routes: list[tuple[str, wire.Advertisement, bool]]) -> dict[str, obj
 
 
 def test_a_shard_route_withdrawn_or_refused_takes_its_summary_along(tmp_path) -> None:
-    builder, cache = builder_and_cache()
+    builder, cache = instance()
     mine = keys(3_000, 5)  # several shards from the start
     for k in mine:
         cache.store(H, k)
-    routes = [
-        (str(r.prefix), wire.decode(wire.encode(r.advertisement)))
-        for r in builder.poll(0, ComputeState())
-    ]
+    routes = poll(builder, 0)
     shards = [(p, a) for p, a in routes if a.cache_summaries is not None]
     assert len(shards) > 1
     feed = RibFeed(tmp_path / "rib.json")
@@ -172,14 +132,11 @@ def test_a_shard_route_withdrawn_or_refused_takes_its_summary_along(tmp_path) ->
 
 
 def test_without_its_own_host_route_an_origin_is_not_used_and_comes_back_whole(tmp_path) -> None:
-    builder, cache = builder_and_cache()
+    builder, cache = instance()
     mine = keys(3_000, 6)
     for k in mine:
         cache.store(H, k)
-    routes = [
-        (str(r.prefix), wire.decode(wire.encode(r.advertisement)))
-        for r in builder.poll(0, ComputeState())
-    ]
+    routes = poll(builder, 0)
     main = "10.0.0.5/32"
     assert routes[0][0] == main and len(routes) > 2
     feed = RibFeed(tmp_path / "rib.json")
