@@ -54,7 +54,6 @@ import ipaddress
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -70,6 +69,7 @@ from catsproto import wire
 from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.http import READ_TIMEOUT_S, BackgroundHTTPServer, BodyError, read_json_body
 from catsproto.adapters.instance import mooncake_tokens
+from catsproto.adapters.stop import StopSignal
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.selector import (
@@ -750,13 +750,11 @@ def main(argv: list[str] | None = None) -> int:
     for listen in args.listen or [f"127.0.0.1:{DEFAULT_PORT}"]:
         host, _, port = listen.rpartition(":")
         servers.append(SteeringServer(service, host, int(port)).start())
+    stop = StopSignal()  # before the ready file: a stop right after it shuts down cleanly
     if args.ready:
         tmp = Path(args.ready + ".tmp")
         tmp.write_text(json.dumps([s.url for s in servers]))
         os.replace(tmp, args.ready)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):  # idle or not, garbage is still collected
             service.collect_garbage()

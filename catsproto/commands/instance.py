@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from catsproto.adapters.stop import StopSignal
 from catsproto.commands import UsageError
 from catsproto.keys import ENGINE_MOONCAKE, ENGINE_VLLM, BlockKeyer
 from catsproto.node import (
@@ -134,14 +134,11 @@ def _writer(path: str | None) -> tuple[Any, TextIO | None]:
     return on_routes, (out if out is not sys.stdout else None)
 
 
-def _stop_on_signal() -> threading.Event:
-    """An event SIGINT or SIGTERM sets. Installed before the command says it is ready, so
-    a supervisor that stops it right after the ready line gets a clean shutdown, not the
+def _stop_on_signal() -> StopSignal:
+    """SIGINT or SIGTERM ends the command. Installed before the command says it is ready,
+    so a supervisor that stops it right after the ready line gets a clean shutdown, not the
     default action of the signal."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+    return StopSignal()
 
 
 def _port(value: int) -> int:

@@ -20,13 +20,12 @@ import argparse
 import hashlib
 import json
 import math
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from catsproto.adapters.stop import StopSignal
 from catsproto.commands import UsageError
 
 
@@ -111,9 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if identity is not None:
             identity.close()
         raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignal()
     print(json.dumps({"listening": f"{server.address[0]}:{server.address[1]}"}), flush=True)
     try:
         stop.wait()
