@@ -29,6 +29,7 @@ from catsproto.node import (
 from catsproto.selector import RIB
 from catsproto.summary import KIND_EXACT, ShardedSender
 from catsproto.wire import Tier
+from tests.rib_helpers import keys as random_keys
 
 H, D = Tier.HBM, Tier.DRAM
 CS_ID = 7
@@ -78,11 +79,6 @@ def make_builder(
         **opts,  # type: ignore[arg-type]
     )
     return AdvertisementBuilder(config, cache, epoch=1), cache
-
-
-def random_keys(n: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(k) for k in rng.integers(1, 2**64 - 1, n, dtype=np.uint64)]
 
 
 def key_ranges(routes: list[RouteAdvertisement]) -> dict[int, tuple[int, int]]:
