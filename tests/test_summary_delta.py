@@ -182,3 +182,16 @@ def test_receiver_refuses_kind_and_base_mismatch() -> None:
     with pytest.raises(SummaryDecodeError):
         r.apply(2, 2, DeltaSummary([1], []))
     assert r.apply(2, 1, DeltaSummary([1], [])) is Outcome.STALE  # nothing held yet
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, U64), max_size=40), st.lists(st.integers(0, U64), max_size=40))
+def test_in_sorted_answers_as_a_set_test(members: set[int], asked: list[int]) -> None:
+    """The binary-search membership the deltas and the selector's corrected rows use
+    agrees with a plain set test, for empty sets, absent keys and keys past the end."""
+    from catsproto.summary.base import in_sorted
+
+    sorted_keys = np.array(sorted(members), dtype=np.uint64)
+    keys = np.array([*asked, U64, 0], dtype=np.uint64)
+    got = in_sorted(sorted_keys, keys)
+    assert got.tolist() == [int(k) in members for k in keys.tolist()]

@@ -36,6 +36,7 @@ from catsproto.selector.fuse_rows import (
     P_STARTS,
     P_WIDTH,
 )
+from catsproto.summary.base import in_sorted
 from catsproto.summary.delta import LayeredView
 from catsproto.summary.fuse import FuseSummary
 from catsproto.summary.hashing import GOLDEN, mix64_int
@@ -457,9 +458,9 @@ class FleetProbe:
             hit = self._kernels.fuse_row(_frozen(x), self._par[r], self._buf)
             added, removed = self._row_corrections[r]
             if len(removed):
-                hit[np.isin(x, removed)] = False
+                hit[in_sorted(removed, x)] = False
             if len(added):
-                hit[np.isin(x, added)] = True
+                hit[in_sorted(added, x)] = True
         else:
             state = self._other.get(r)
             if state is None:

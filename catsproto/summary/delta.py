@@ -20,19 +20,12 @@ from catsproto.summary.base import (
     KIND_DELTA,
     Summary,
     SummaryDecodeError,
+    in_sorted,
     register_kind,
     unique_keys,
 )
 from catsproto.summary.exact import ExactSummary
 from catsproto.summary.riceset import decode_rice_set, encode_rice_set, rice_set_size
-
-
-def _isin_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    if sorted_keys.size == 0:
-        return np.zeros(keys.shape, dtype=bool)
-    pos = np.searchsorted(sorted_keys, keys)
-    pos[pos == sorted_keys.size] = 0
-    return sorted_keys[pos] == keys
 
 
 @register_kind
@@ -105,7 +98,7 @@ class DeltaSummary(Summary):
         return 0.0
 
     def contains_many(self, keys: np.ndarray) -> np.ndarray:
-        return _isin_sorted(self.added, np.asarray(keys, dtype=np.uint64))
+        return in_sorted(self.added, np.asarray(keys, dtype=np.uint64))
 
 
 class LayeredView:
@@ -122,8 +115,8 @@ class LayeredView:
 
     def contains_many(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)
-        return _isin_sorted(self.added, keys) | (
-            self.base.contains_many(keys) & ~_isin_sorted(self.removed, keys)
+        return in_sorted(self.added, keys) | (
+            self.base.contains_many(keys) & ~in_sorted(self.removed, keys)
         )
 
     def __contains__(self, key: object) -> bool:

@@ -12,6 +12,7 @@ from catsproto.summary.base import (
     KIND_EXACT,
     Summary,
     SummaryDecodeError,
+    in_sorted,
     register_kind,
     unique_keys,
 )
@@ -69,9 +70,4 @@ class ExactSummary(Summary):
         return 0.0
 
     def contains_many(self, keys: np.ndarray) -> np.ndarray:
-        keys = np.asarray(keys, dtype=np.uint64)
-        if self._keys.size == 0:
-            return np.zeros(keys.shape, dtype=bool)
-        pos = np.searchsorted(self._keys, keys)
-        pos[pos == self._keys.size] = 0
-        return self._keys[pos] == keys
+        return in_sorted(self._keys, np.asarray(keys, dtype=np.uint64))
