@@ -437,3 +437,35 @@ def test_compiled_pass_answers_as_each_filter_for_both_arities():
     for c, s in enumerate(slots.tolist()):
         assert hit[:, c].tolist() == [bool(m >> s & 1) for m in expect]
     assert hit[own:].any() and not hit[own:].all()  # false positives, answered alike
+
+
+def test_corrected_rows_answer_through_many_deltas(fleet):
+    """Fuse rows with deltas on top are answered in the compiled pass from their exact
+    corrections: through a long run of deltas (each replacing the row's corrections,
+    until the correction buffer is compacted) every answer equals the instances' own."""
+    rib, _held, rng = fleet
+    probe = FleetProbe(rib.services[7])
+    senders = {i: SummarySender(0.05, kind=int(wire.SummaryKind.FUSE)) for i in (0, 6, 12)}
+    keys = {i: rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64) for i in senders}
+    deltas = 0
+    compacted_with_corrections = 0
+    for round_ in range(40):
+        asked = [rng.integers(0, 2**64 - 1, 500, dtype=np.uint64)]
+        for i, sender in senders.items():
+            step = 10 + 3 * i  # out of step: their snapshots fall in different rounds
+            gone = keys[i][:step]
+            keys[i] = np.concatenate(
+                [keys[i][step:], rng.integers(0, 2**64 - 1, step, dtype=np.uint64)]
+            )
+            upd = sender.update(keys[i])
+            deltas += upd.is_delta
+            e = shard_entry(upd.summary, 0, U64, version=upd.version, base=upd.base_version)
+            announce(rib, i, [e], seq=round_ + 2, now_ms=2 + round_)
+            asked += [gone, keys[i][-step:], keys[i][:200]]
+        query = np.concatenate(asked)
+        before = probe.correction_compactions
+        assert probe.held(query) == reference(rib, query)
+        if probe.correction_compactions > before and probe._row_corrections:
+            compacted_with_corrections += 1
+    assert deltas >= 80  # most updates were deltas on a filter
+    assert compacted_with_corrections >= 1

@@ -8,14 +8,16 @@ table is one *row* — its hash salts, geometry and alphabet in a row of `_par`,
 values copied into one shared buffer — so a probe of k keys against the rows of the
 asked slots is one call of a compiled loop (`probe_pass.py`) over the (key, row) pairs
 whose shard range holds the key, with the hashing of `FuseSummary.contains_many`.
-Summaries of other kinds (exact sets, Bloom filters), fuse filters with alphabets above
-256, and fuse rows with a delta layered on them (`LayeredView`: exact corrections, kept
-per row) are handed back by the pass and asked one by one: the node prefers fuse filters
-for every set larger than a few dozen keys, so those rows are few and small.
+A fuse row with a delta layered on it (`LayeredView`) keeps its exact corrections, the
+delta's sorted added and removed keys, in one shared key buffer, and the pass asks them
+by bisection before the filter. Summaries of other kinds (exact sets, Bloom filters) and
+fuse filters with alphabets above 256 are handed back by the pass and asked one by one:
+the node prefers fuse filters for every set larger than a few dozen keys, so those rows
+are few and small.
 
 Rows are rebuilt lazily: a slot whose generation moved (`ServiceTable.touch`) gets new
 rows at the next probe, its old rows are marked dead, and the buffer is compacted when
-more than half of it is dead. Pure: no clocks, no IO.
+more than half of it is dead; the correction buffer likewise. Pure: no clocks, no IO.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from catsproto.selector.fuse_rows import (
     P_STARTS,
     P_WIDTH,
 )
-from catsproto.summary.base import in_sorted
 from catsproto.summary.delta import LayeredView
 from catsproto.summary.fuse import FuseSummary
 from catsproto.summary.hashing import GOLDEN, mix64_int
@@ -91,9 +92,15 @@ class FleetProbe:
         self._slot_stop = np.zeros(0, dtype=np.int64)
         self._other: dict[int, object] = {}  # row -> state with contains_many
         self._row_corrections: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # the corrections as the pass reads them: row -> (added start, stop, removed
+        # start, stop) in one buffer of keys
+        self._corr_at = np.zeros((0, 4), dtype=np.int64)
+        self._corr = np.zeros(0, dtype=np.uint64)
+        self._corr_used = self._corr_dead = 0
         self._synced = -1  # the table generation the rows were last brought up to
         self.rebuilds = 0  # slots whose rows were rebuilt, for tests and benchmarks
         self.compactions = 0
+        self.correction_compactions = 0
         self.pairs = 0  # (key, filter) pairs evaluated: the summary lookups done
 
     # ---- keeping rows in step with the table --------------------------------------------
@@ -122,6 +129,8 @@ class FleetProbe:
             self.rebuilds += 1
         if self._dead > 4096 and self._dead * 2 > self._used:
             self._compact()
+        elif self._corr_dead > 4096 and self._corr_dead * 2 > self._corr_used:
+            self._compact_corrections()
 
     def _drop_slot(self, slot: int) -> None:
         self._live = self._special = None
@@ -163,13 +172,17 @@ class FleetProbe:
         par = np.zeros((size, P_WIDTH), dtype=np.uint64)
         par[:r] = self._par[:r]
         self._par = par
+        corr_at = np.zeros((size, 4), dtype=np.int64)
+        corr_at[:r] = self._corr_at[:r]
+        self._corr_at = corr_at
 
     def _forget_row(self, r: int) -> None:
         """Drop row r's per-row object and exact corrections from the books."""
         self._other.pop(r, None)
-        if self._row_corrections.pop(r, None) is not None:
+        gone = self._row_corrections.pop(r, None)
+        if gone is not None:
             self._cols["corrected"][r] = False
-            self._special = None
+            self._corr_dead += len(gone[0]) + len(gone[1])
 
     def _refill_slot(self, slot: int) -> bool:
         """Rewrite a changed slot's rows where they stand, if its new summaries have the
@@ -254,11 +267,34 @@ class FleetProbe:
         return True
 
     def _correct_row(self, r: int, summary: LayeredView) -> None:
-        """Book the exact additions and removals of the delta layered on row r: the
-        compiled pass leaves the row to `_special_row`, which applies them."""
-        self._row_corrections[r] = (summary.added, summary.removed)
+        """Book the exact additions and removals of the delta layered on row r (sorted,
+        as `apply_delta` leaves them), where the compiled pass reads them."""
+        self._book_corrections(r, (summary.added, summary.removed))
         self._cols["corrected"][r] = True
-        self._special = None
+
+    def _book_corrections(self, r: int, corrections: tuple[np.ndarray, np.ndarray]) -> None:
+        added, removed = corrections
+        self._row_corrections[r] = corrections
+        start = self._corr_used
+        need = start + len(added) + len(removed)
+        if need > len(self._corr):
+            grown = np.zeros(max(need, 2 * len(self._corr), 256), dtype=np.uint64)
+            grown[:start] = self._corr[:start]
+            self._corr = grown
+        middle = start + len(added)
+        self._corr[start:middle] = added
+        self._corr[middle:need] = removed
+        self._corr_at[r] = (start, middle, middle, need)
+        self._corr_used = need
+
+    def _compact_corrections(self) -> None:
+        """Rewrite the live rows' corrections into a fresh buffer."""
+        self.correction_compactions += 1
+        live = sorted(self._row_corrections.items())
+        self._corr = np.zeros(max(256, sum(len(a) + len(b) for _, (a, b) in live)), np.uint64)
+        self._corr_used = self._corr_dead = 0
+        for r, corrections in live:
+            self._book_corrections(r, corrections)
 
     def _add_row(self, slot: int, tier: int, lo: int, hi: int, summary: object) -> None:
         r = self._rows
@@ -329,6 +365,8 @@ class FleetProbe:
         old_other, old_corr = self._other, self._row_corrections
         self._cols = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
         self._par = np.zeros((0, P_WIDTH), dtype=np.uint64)
+        self._corr_at = np.zeros((0, 4), dtype=np.int64)
+        self._corr_used = self._corr_dead = 0
         self._rows, self._used, self._dead = 0, 1, 0
         self._buf = np.zeros(max(1, len(old_buf) // 2), dtype=np.uint8)
         self._slot_rows, self._other, self._row_corrections = {}, {}, {}
@@ -353,7 +391,7 @@ class FleetProbe:
         if other is not None:
             self._other[new] = other
         if corrections is not None:
-            self._row_corrections[new] = corrections
+            self._book_corrections(new, corrections)
         self._rows = new + 1
 
     # ---- probing ---------------------------------------------------------------------
@@ -418,14 +456,12 @@ class FleetProbe:
         self, keys: np.ndarray, slots: np.ndarray, by_position: bool, base: int, out: np.ndarray
     ) -> None:
         """Set out[key, column] where a row of the slot holds the key: the column is the
-        slot's position in `slots` if `by_position`, else the slot less `base`. Plain fuse
-        rows are asked in the compiled pass; the rows it hands back (other kinds, and
-        fuse rows with exact corrections) here, one by one."""
+        slot's position in `slots` if `by_position`, else the slot less `base`. Fuse rows
+        (with their exact corrections) are asked in the compiled pass; the rows it hands
+        back (other kinds) here, one by one."""
         cols = self._cols
         if self._special is None:
-            count = int(
-                np.count_nonzero(~cols["fuse"][: self._rows] | cols["corrected"][: self._rows])
-            )
+            count = int(np.count_nonzero(~cols["fuse"][: self._rows]))
             self._special = np.zeros((count, 2), dtype=np.int64)
         pairs, handed = self._kernels.probe_pass(
             _frozen(keys),
@@ -438,6 +474,8 @@ class FleetProbe:
             cols["key_hi"],
             cols["fuse"],
             cols["corrected"],
+            self._corr_at,
+            self._corr,
             self._par,
             self._buf,
             out,
@@ -450,22 +488,14 @@ class FleetProbe:
 
     def _special_row(self, keys: np.ndarray, r: int, column: int, out: np.ndarray) -> None:
         """Row r's answers for the keys in its range, into `out[:, column]`: a summary of
-        another kind asked itself, or a fuse row with its delta's exact corrections."""
+        another kind asks itself."""
         cols = self._cols
+        state = self._other.get(r)
+        if state is None:
+            return
         inside = np.flatnonzero((keys >= cols["key_lo"][r]) & (keys <= cols["key_hi"][r]))
         x = keys[inside]
-        if cols["fuse"][r]:
-            hit = self._kernels.fuse_row(_frozen(x), self._par[r], self._buf)
-            added, removed = self._row_corrections[r]
-            if len(removed):
-                hit[in_sorted(removed, x)] = False
-            if len(added):
-                hit[in_sorted(added, x)] = True
-        else:
-            state = self._other.get(r)
-            if state is None:
-                return
-            hit = state.contains_many(x)
+        hit = state.contains_many(x)
         self.pairs += len(x)
         out[inside[hit], column] = True
 

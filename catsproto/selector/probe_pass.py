@@ -78,15 +78,18 @@ def _member(buf: np.ndarray, at: np.ndarray, i: int, fingerprint: int, m: int) -
     return acc % m == fingerprint
 
 
-@numba.njit(numba.bool_[::1](_KEYS, _U64[::1], numba.uint8[::1]), cache=True)
-def fuse_row(keys: np.ndarray, p: np.ndarray, buf: np.ndarray) -> np.ndarray:
-    """Whether the fuse row with parameters `p` holds each key."""
-    out = np.empty(len(keys), dtype=np.bool_)
-    at = np.empty((1, 4), dtype=np.uint64)
-    for i in range(len(keys)):
-        fingerprint = _slots_of(keys[i], p, at, 0)
-        out[i] = _member(buf, at, 0, fingerprint, p[P_M])
-    return out
+@numba.njit(numba.bool_(_U64[::1], numba.int64, numba.int64, _U64), cache=True, inline="always")
+def _listed(corr: np.ndarray, lo: int, hi: int, x: int) -> bool:
+    """Whether x is among the sorted keys corr[lo:hi] (one list of a row's exact
+    corrections)."""
+    a, top = lo, hi
+    while a < top:
+        mid = (a + top) >> 1
+        if corr[mid] < x:
+            a = mid + 1
+        else:
+            top = mid
+    return a < hi and corr[a] == x
 
 
 _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parallelism)
@@ -104,6 +107,8 @@ _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parall
         _U64[::1],  # key_hi
         numba.bool_[::1],  # fuse
         numba.bool_[::1],  # corrected
+        numba.int64[:, ::1],  # corr_at (row x: added start, stop, removed start, stop)
+        _U64[::1],  # corr: every corrected row's sorted added and removed keys
         _U64[:, ::1],  # par (row x parameter)
         numba.uint8[::1],  # buf
         numba.bool_[:, ::1],  # out (key x column)
@@ -113,11 +118,13 @@ _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parall
 )
 def probe_pass(
     keys, slots, by_position, base, slot_start, slot_stop, key_lo, key_hi, fuse, corrected,
-    par, buf, out, special,
+    corr_at, corr, par, buf, out, special,
 ):  # fmt: skip
     """Every (key, row) pair of the asked slots' rows whose shard range holds the key,
-    tested in one loop: keys sorted once, each row's range found by bisection. Rows that
-    are not plain fuse rows are handed back in `special` (row, column) instead. Pairs
+    tested in one loop: keys sorted once, each row's range found by bisection. A fuse row
+    with a delta on top answers from its exact corrections first (added: held, removed:
+    not), from the filter otherwise. Rows of other kinds are handed back in `special`
+    (row, column) instead. Plain fuse rows' pairs
     go in batches: their slot positions first, then all their buffer reads (independent
     loads the processor overlaps: the buffer is far larger than the caches). Returns
     (pairs tested, rows handed back)."""
@@ -128,6 +135,7 @@ def probe_pass(
     pairs = 0
     handed = 0
     at = np.empty((_BATCH, 4), dtype=np.uint64)
+    one = np.empty((1, 4), dtype=np.uint64)
     fingerprint = np.empty(_BATCH, dtype=np.uint64)
     alphabet = np.empty(_BATCH, dtype=np.uint64)
     key_of = np.empty(_BATCH, dtype=np.int64)
@@ -161,7 +169,7 @@ def probe_pass(
                         top = mid
                 if a >= b:
                     continue
-            if not fuse[r] or corrected[r]:
+            if not fuse[r]:
                 if handed == len(special):  # only if a slot was asked twice
                     raise ValueError("fleet probe: a slot asked twice in one pass")
                 special[handed, 0] = r
@@ -170,6 +178,18 @@ def probe_pass(
                 continue
             pairs += b - a
             p = par[r]
+            if corrected[r]:
+                for q in range(a, b):
+                    x = ks[q]
+                    if _listed(corr, corr_at[r, 0], corr_at[r, 1], x):
+                        hit = True
+                    elif _listed(corr, corr_at[r, 2], corr_at[r, 3], x):
+                        hit = False
+                    else:
+                        hit = _member(buf, one, 0, _slots_of(x, p, one, 0), p[P_M])
+                    if hit:
+                        out[order[q], column] = True
+                continue
             for q in range(a, b):
                 fingerprint[queued] = _slots_of(ks[q], p, at, queued)
                 alphabet[queued] = p[P_M]
