@@ -20,11 +20,12 @@ from __future__ import annotations
 import bisect
 import ipaddress
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from catsproto.summary import SummaryReceiver
+from catsproto.summary import Summary, SummaryReceiver
 from catsproto.summary.versioning import Outcome
 from catsproto.wire import Advertisement, CodecError, L0MetricType, Tier
 
@@ -263,8 +264,16 @@ class ServiceTable:
 class RIB:
     """Verified cache state per CS-ID, with freshness by hold time."""
 
-    def __init__(self, hold_time_ms: int = DEFAULT_HOLD_TIME_MS):
+    def __init__(
+        self,
+        hold_time_ms: int = DEFAULT_HOLD_TIME_MS,
+        decode: Callable[[int, bytes, bytes], Summary] = Summary.decode,
+    ):
+        """`decode` turns an entry's (kind, params, body) into a summary; a caller that
+        feeds the same verified routes to several RIBs may share one that remembers
+        what it decoded (decoded summaries are never changed in place)."""
         self.hold_time_ms = hold_time_ms
+        self.decode = decode
         self.services: dict[int, ServiceTable] = {}
         # what could not be used, for logs and tests: the latest REJECTED_KEPT, and a count
         self.rejected: deque[str] = deque(maxlen=REJECTED_KEPT)
@@ -336,7 +345,8 @@ class RIB:
             if receiver is None:
                 receiver = SummaryReceiver()
             try:
-                outcome = receiver.apply_entry(entry)
+                summary = self.decode(int(entry.kind), entry.params, entry.body)
+                outcome = receiver.apply(entry.version, entry.base_version, summary)
             except CodecError as exc:
                 self.rejected.append(f"{origin.address} {entry.tier.name.lower()} {shard}: {exc}")
                 self.rejected_total += 1

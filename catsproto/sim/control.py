@@ -42,7 +42,7 @@ from catsproto.security import (
 from catsproto.selector import RIB, Link, Network, Path, PathSelector, SelectorConfig
 from catsproto.sim.cluster import Cluster, ceil_ms
 from catsproto.sim.scenario import Scenario
-from catsproto.summary import KIND_EXACT
+from catsproto.summary import KIND_EXACT, Summary
 
 __all__ = ["CS_ID", "ControlPlane", "ControlStats", "ingress_node"]
 
@@ -131,6 +131,34 @@ class ControlStats:
     reused_verdicts: int = 0  # identical checks at another selector, verdict reused
     builds: int = 0  # polls that produced advertisements
     skipped_polls: int = 0  # builders not asked: their dampener could only say no
+    decoded: int = 0  # summary bodies decoded (`SharedDecode`)
+    reused_decodes: int = 0  # the same body at another RIB: its decoded summary reused
+
+
+class SharedDecode:
+    """`Summary.decode` for every RIB of one run. The same signed route reaches every
+    C-PS, so each body would be decoded once per RIB; this decodes it once and hands the
+    same summary to the others (summaries are never changed in place: a delta makes a
+    new view). A body that does not decode raises at every RIB, as before. Bounded."""
+
+    LIMIT = 4096
+
+    def __init__(self, stats: ControlStats) -> None:
+        self._memo: dict[tuple[int, bytes, bytes], Summary] = {}
+        self._stats = stats
+
+    def __call__(self, kind: int, params: bytes, body: bytes) -> Summary:
+        name = (kind, params, body)
+        summary = self._memo.get(name)
+        if summary is not None:
+            self._stats.reused_decodes += 1
+            return summary
+        summary = Summary.decode(kind, params, body)
+        self._stats.decoded += 1
+        if len(self._memo) >= self.LIMIT:
+            self._memo.clear()
+        self._memo[name] = summary
+        return summary
 
 
 class ControlPlane:
@@ -173,7 +201,8 @@ class ControlPlane:
             self.selector_of = [0] * len(sc.sites)
         k = len(self.selector_sites)
         self.receivers = [Receiver(trust, policy=Policy()) for _ in range(k)]
-        self.ribs = [RIB() for _ in range(k)]
+        self.decode = SharedDecode(self.stats)
+        self.ribs = [RIB(decode=self.decode) for _ in range(k)]
         site_nodes = {s + 1: name for s, name in enumerate(sc.sites)}
         network = self._network()
         self.selectors = [

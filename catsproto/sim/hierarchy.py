@@ -75,7 +75,7 @@ class HierarchicalControlPlane(ControlPlane):
             PathSelector(x.rib, x.network, dataclasses.replace(x.config, pending="drain"))
             for x in self.selectors
         ]
-        self.local_ribs = [RIB() for _ in sc.sites]
+        self.local_ribs = [RIB(decode=self.decode) for _ in sc.sites]
         network = self.selectors[0].network
         self.local_selectors = [
             PathSelector(
