@@ -323,6 +323,32 @@ class RIB:
         summaries = adv.cache_summaries
         for entry in summaries.entries if summaries else ():
             tier = inst.tiers.get(entry.tier)
+            shard = (entry.key_lo, entry.key_hi)
+            overlapping: list[tuple[int, int]] = []
+            receiver = None
+            if tier is not None:
+                overlapping = tier.overlapping(shard)
+                if any(tier.shards[o].version > entry.version for o in overlapping):
+                    # a shard of an older layout, overtaken on another route by the
+                    # layout that replaced it (versions rise across a shard-count change)
+                    outcomes.append((entry.tier, shard, Outcome.OLD.value))
+                    continue
+                receiver = tier.shards.get(shard)
+            fresh = receiver is None
+            if receiver is None:
+                receiver = SummaryReceiver()
+            try:
+                summary = self.decode(int(entry.kind), entry.params, entry.body)
+                outcome = receiver.apply(entry.version, entry.base_version, summary)
+            except CodecError as exc:
+                # ignored: no tier made, no cost or stream changed
+                self.rejected.append(f"{origin.address} {entry.tier.name.lower()} {shard}: {exc}")
+                self.rejected_total += 1
+                outcomes.append((entry.tier, shard, f"rejected: {exc.reason}"))
+                continue
+            outcomes.append((entry.tier, shard, outcome.value))
+            if outcome is Outcome.OLD:
+                continue  # what an older version said: costs and streams stay
             if tier is None:
                 tier = inst.tiers[entry.tier] = TierState(
                     entry.tier,
@@ -333,29 +359,10 @@ class RIB:
             tier.bytes_per_block = entry.bytes_per_block
             tier.fetch_latency_us = entry.fetch_latency_us
             tier.fetch_bandwidth_mbps = entry.fetch_bandwidth_mbps
-            shard = (entry.key_lo, entry.key_hi)
-            overlapping = tier.overlapping(shard)
-            if any(tier.shards[o].version > entry.version for o in overlapping):
-                # a shard of an older layout, overtaken on another route by the layout
-                # that replaced it (versions rise across a shard-count change)
-                outcomes.append((entry.tier, shard, Outcome.OLD.value))
-                continue
-            receiver = tier.shards.get(shard)
-            fresh = receiver is None
-            if receiver is None:
-                receiver = SummaryReceiver()
-            try:
-                summary = self.decode(int(entry.kind), entry.params, entry.body)
-                outcome = receiver.apply(entry.version, entry.base_version, summary)
-            except CodecError as exc:
-                self.rejected.append(f"{origin.address} {entry.tier.name.lower()} {shard}: {exc}")
-                self.rejected_total += 1
-                outcomes.append((entry.tier, shard, f"rejected: {exc.reason}"))
-                continue
-            outcomes.append((entry.tier, shard, outcome.value))
-            if outcome is not Outcome.OLD and overlapping:
+            if overlapping:
                 # the shard count changed: the older layout's streams over this range
-                # say what the origin held before, so they go
+                # say what the origin held before, so they go (also when this entry is a
+                # delta whose base has not come yet: its stream is then marked stale)
                 for o in overlapping:
                     tier.drop(o)
                 changed = True
