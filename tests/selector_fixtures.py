@@ -57,6 +57,7 @@ def advert(
     cs_id=7,
     epoch=1,
     block=BLOCK,
+    secret_id=1,
 ):
     tlvs = [
         wire.Version(1),
@@ -81,7 +82,7 @@ def advert(
                 ),
             )
         ),
-        wire.CacheModel("test-model", block, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
+        wire.CacheModel("test-model", block, wire.KeyScheme.BLAKE2B64_CHAINED, secret_id),
     ]
     if entries:
         tlvs.append(wire.CacheSummaries(tuple(entries)))

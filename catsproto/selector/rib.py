@@ -102,6 +102,8 @@ class Instance:
     heard_ms: int = 0  # when the RIB last accepted anything from it
     block_size: int = 0
     model_id: str = ""
+    key_scheme: int = 0
+    secret_id: int = 0
     prefill_tps: float = DEFAULT_PREFILL_TPS
     backlog_tokens: float = 0.0
     waiting: float = 0.0
@@ -150,6 +152,8 @@ class ServiceTable:
         self.site_version = 0  # bumps when a slot's site changes
         self.occupancy_version = 0  # bumps with any slot's `occupant`
         self.live_mask = 0  # bit per occupied slot
+        self.key_space_version = 0  # bumps when a slot's (model, key scheme, secret) moves
+        self._key_masks: dict[tuple[str, int, int], tuple[tuple[int, int], int]] = {}
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -260,6 +264,23 @@ class ServiceTable:
     def live(self) -> list[Instance]:
         return [i for i in self.instances if i is not None]
 
+    def key_space_mask(self, space: tuple[str, int, int]) -> int:
+        """Bitmask of the slots whose block keys are of `space` (model id, key scheme,
+        secret id, as their Cache Model TLV says): only their summaries can hold a key
+        computed in that space. Remembered until a slot or its key space changes."""
+        now = (self.occupancy_version, self.key_space_version)
+        known = self._key_masks.get(space)
+        if known is not None and known[0] == now:
+            return known[1]
+        mask = 0
+        for inst in self.live():
+            if (inst.model_id, inst.key_scheme, inst.secret_id) == space:
+                mask |= 1 << inst.slot
+        if len(self._key_masks) >= 64:
+            self._key_masks.clear()
+        self._key_masks[space] = (now, mask)
+        return mask
+
 
 class RIB:
     """Verified cache state per CS-ID, with freshness by hold time."""
@@ -313,7 +334,11 @@ class RIB:
         model = adv.cache_model
         if model is not None:
             resized = model.block_size != inst.block_size
+            space = (model.model_id, int(model.key_scheme), model.secret_id)
+            if space != (inst.model_id, inst.key_scheme, inst.secret_id):
+                table.key_space_version += 1
             inst.block_size, inst.model_id = model.block_size, model.model_id
+            inst.key_scheme, inst.secret_id = int(model.key_scheme), model.secret_id
             table.block_size[inst.slot] = model.block_size
             if resized:  # what the selector remembers of a holder's prefix is in blocks
                 table.touch(inst)

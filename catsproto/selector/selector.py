@@ -97,6 +97,10 @@ class Request:
     ingress: str
     # a pull planned elsewhere, offered to every candidate besides its own options
     carried_pull: CarriedPull | None = None
+    # the (model id, key scheme, secret id) the block keys were computed in: only
+    # instances advertising that key space are asked for them (a secret rotation, another
+    # model). None: every instance (a caller whose fleet shares one key space)
+    key_space: tuple[str, int, int] | None = None
 
     def __post_init__(self) -> None:
         keys = np.asarray(self.block_keys, dtype=np.uint64).reshape(-1)
@@ -520,6 +524,11 @@ class PathSelector:
         base = rtt + upload
         base += queue
         keys = request.block_keys
+        if request.key_space is not None:
+            # the others' summaries name keys of another space: they hold none of these
+            candidates &= table.key_space_mask(request.key_space)
+            if not candidates:
+                keys = keys[:0]
         plan = self._holders(table, keys, tokens, candidates, slots, pick) if len(keys) else None
         stages = 0
         while True:

@@ -1,0 +1,62 @@
+"""Block keys are only comparable within one key space (model, key scheme, keying secret):
+a request that names its key space is matched only against instances advertising it, so
+a fleet half-way through a secret rotation is not credited with the other half's cache."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catsproto import wire
+from catsproto.selector import RIB, Link, Network, PathSelector, Request
+from tests.selector_fixtures import BLOCK, advert, entry
+
+KEYS = np.arange(5000, 5012, dtype=np.uint64)
+TOKENS = 12 * BLOCK
+SCHEME = int(wire.KeyScheme.BLAKE2B64_CHAINED)
+
+
+def _net() -> Network:
+    return Network(
+        [
+            Link("ingress", "site1", delay_ms=5, bandwidth_mbps=10_000),
+            Link("ingress", "site2", delay_ms=20, bandwidth_mbps=10_000),
+        ]
+    )
+
+
+def _rib(near_secret: int, far_secret: int) -> RIB:
+    """The same cached prompt at both sites: the near one under `near_secret`."""
+    rib = RIB()
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS)], secret_id=near_secret), now_ms=1000)
+    rib.accept(advert("10.0.2.1", 2, [entry(KEYS)], secret_id=far_secret), now_ms=1000)
+    return rib
+
+
+def _decide(rib: RIB, space: tuple[str, int, int] | None):
+    return PathSelector(rib, _net()).decide(
+        Request(7, KEYS, TOKENS, "ingress", key_space=space), now_ms=1000
+    )
+
+
+def test_only_instances_of_the_requests_key_space_count_as_holders():
+    rib = _rib(near_secret=1, far_secret=2)
+    # without a key space both hold the prompt and the nearer wins
+    d = _decide(rib, None)
+    assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 12
+    # keys of secret 2: the near instance's summaries are of secret 1 and hold none
+    d = _decide(rib, ("test-model", SCHEME, 2))
+    assert str(d.chosen.address) == "10.0.2.1" and d.chosen.cached_blocks == 12
+    assert d.runner_up.cached_blocks == 0
+    # another model, or an unknown scheme: nobody holds anything, the nearest wins
+    for space in (("other-model", SCHEME, 1), ("test-model", 9, 1)):
+        d = _decide(rib, space)
+        assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 0
+
+
+def test_an_instance_that_moves_to_the_new_secret_counts_again():
+    rib = _rib(near_secret=1, far_secret=2)
+    space = ("test-model", SCHEME, 2)
+    assert str(_decide(rib, space).chosen.address) == "10.0.2.1"
+    rib.accept(advert("10.0.1.1", 1, [entry(KEYS, version=2)], seq=2, secret_id=2), now_ms=1001)
+    d = _decide(rib, space)
+    assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 12
