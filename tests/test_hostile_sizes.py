@@ -5,16 +5,29 @@ and an attribute value longer than any path attribute can carry."""
 from __future__ import annotations
 
 import ipaddress
+import time
 from pathlib import Path
 
+import zmq
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
 from catsproto import wire
 from catsproto.adapters import pcap
+from catsproto.adapters.vllm_events import (
+    RankEndpoint,
+    VllmEventSubscriber,
+    encode_payload,
+    removed_event,
+    stored_event,
+)
 from catsproto.cli import main
 from catsproto.examples import examples, large_advertisement
+from catsproto.keys import BlockKeyer
+from catsproto.node import TieredCache, TierSpec, VllmIngest
+from catsproto.node import vllm as node_vllm
+from catsproto.wire import Tier
 from catsproto.wire.bgp import build_update
 
 # ---- TCP reassembly ----------------------------------------------------------------------
@@ -116,3 +129,88 @@ def test_waiting_bytes_are_released_when_their_gap_fills():
     out = [m.data for s in [SYN, *swapped] for m in streams.feed(s)]
     assert not streams.problems
     assert out == [big] * (len(stream) // len(big))
+
+
+# ---- vLLM ingest -------------------------------------------------------------------------
+
+BS = 4
+KEYER = BlockKeyer(b"s" * 32, "test/model", BS)
+
+
+def _publish_and_drain(sub: VllmEventSubscriber, pub: zmq.Socket, payloads: list[bytes],
+                       first_seq: int) -> None:  # fmt: skip
+    target = sub.ingest.stats.batches + len(payloads)
+    for i, p in enumerate(payloads):
+        pub.send_multipart([b"kv", (first_seq + i).to_bytes(8, "big"), p])
+    deadline = time.monotonic() + 10
+    while sub.ingest.stats.batches < target and time.monotonic() < deadline:
+        sub.poll(50)
+    assert sub.ingest.stats.batches == target, sub.stats
+
+
+def test_refused_events_from_many_media_and_ranks_leave_no_state_behind():
+    """A publisher that names a new medium in every event and a new DP rank in every
+    batch: every stored block is refused (unknown medium), so nothing may be kept per
+    medium or per rank beyond a small bound. Real msgpack bytes over a real ZMQ socket."""
+    ctx = zmq.Context()
+    cache = TieredCache([TierSpec(Tier.HBM, 1000, 5, 1), TierSpec(Tier.DRAM, 1000, 20, 1)])
+    ingest = VllmIngest(cache, KEYER)
+    sub = VllmEventSubscriber(
+        ingest, [RankEndpoint(0, "tcp://127.0.0.1:0", None, True)], context=ctx,
+        join_replay=False,
+    )  # fmt: skip
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        pub.connect(sub.bound_endpoints()[0])
+        deadline = time.monotonic() + 10
+        while not pub.poll(50) and time.monotonic() < deadline:  # the subscription
+            sub.poll(0)
+        pub.recv()
+        ranks, per_batch = 600, 5
+        payloads = []
+        for r in range(ranks):
+            evs = [
+                stored_event([r * 10 + j], None, list(range(BS)), BS, medium=f"X{r}-{j}")
+                for j in range(per_batch)
+            ]
+            evs.append(removed_event([r * 10], medium="GPU"))  # never stored
+            payloads.append(encode_payload(0.0, evs, data_parallel_rank=1000 + r))
+        for at in range(0, ranks, 200):  # the socket's queue holds 1000 frames
+            _publish_and_drain(sub, pub, payloads[at : at + 200], at)
+        stats = ingest.stats
+        assert stats.unknown_media == ranks * per_batch
+        assert stats.unknown_removals == ranks
+        assert cache.count(Tier.HBM) == 0 and sub.stats.bad_payloads == 0
+        assert len(ingest._tier_of_medium) <= node_vllm.MAX_MEDIA_REMEMBERED
+        assert not ingest._copies  # no rank holds a copy, so no rank has a map
+        assert len(stats.by_rank) == node_vllm.MAX_RANKS_COUNTED
+        assert sum(stats.by_rank.values()) + stats.other_ranks == stats.events
+        assert stats.other_ranks == (ranks - node_vllm.MAX_RANKS_COUNTED) * (per_batch + 1)
+
+        # a real block on yet another rank is still stored, counted and removed
+        key = KEYER.block_keys(list(range(BS)))[0]
+        _publish_and_drain(sub, pub, [
+            encode_payload(1.0, [stored_event([5], None, list(range(BS)), BS, medium="cpu")],
+                           data_parallel_rank=7),
+        ], ranks)  # fmt: skip
+        assert set(cache.lru_keys(Tier.DRAM)) == {key}
+        assert ingest.copies(7) == {("CPU", None, 5): 1}
+        _publish_and_drain(sub, pub, [
+            encode_payload(2.0, [removed_event([5], medium="CPU")], data_parallel_rank=7),
+        ], ranks + 1)  # fmt: skip
+        assert cache.count(Tier.DRAM) == 0
+        assert not ingest._copies  # the rank's map went with its last copy
+        assert stats.other_ranks == (ranks - node_vllm.MAX_RANKS_COUNTED) * (per_batch + 1) + 2
+    finally:
+        pub.close()
+        sub.close()
+        ctx.term()
+
+
+def test_a_clear_of_a_rank_that_holds_nothing_creates_nothing():
+    ingest = VllmIngest(TieredCache([TierSpec(Tier.HBM, 10, 5, 1)]), KEYER)
+    for r in range(50):
+        ingest.reset_rank(r)
+        ingest.clear_rank(r, only_tier=Tier.HBM)
+    assert not ingest._copies and ingest.stats.rank_resets == 50
