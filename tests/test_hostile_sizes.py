@@ -8,6 +8,7 @@ import ipaddress
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
@@ -27,7 +28,8 @@ from catsproto.examples import examples, large_advertisement
 from catsproto.keys import BlockKeyer
 from catsproto.node import TieredCache, TierSpec, VllmIngest
 from catsproto.node import vllm as node_vllm
-from catsproto.wire import Tier
+from catsproto.wire import Reader, Tier
+from catsproto.wire.advertisement import _FALLBACK, MAX_VALUE_LEN, _decode_compiled
 from catsproto.wire.bgp import build_update
 
 # ---- TCP reassembly ----------------------------------------------------------------------
@@ -214,3 +216,61 @@ def test_a_clear_of_a_rank_that_holds_nothing_creates_nothing():
         ingest.reset_rank(r)
         ingest.clear_rank(r, only_tier=Tier.HBM)
     assert not ingest._copies and ingest.stats.rank_resets == 50
+
+
+# ---- attribute values longer than an attribute ---------------------------------------------
+
+
+def _base() -> bytes:
+    return wire.encode(examples()[0].advertisement)
+
+
+def _padded(total: int) -> bytes:
+    """The base advertisement and one unknown TLV (type 1000) making `total` bytes."""
+    base = _base()
+    n = total - len(base) - 4
+    return base + (1000).to_bytes(2, "big") + n.to_bytes(2, "big") + bytes(n)
+
+
+def test_the_longest_value_an_attribute_carries_still_decodes_and_round_trips():
+    value = _padded(MAX_VALUE_LEN)
+    adv = wire.decode(value)
+    assert wire.encode(adv) == value
+    assert _decode_compiled(value, 0, len(value), wire.DEFAULT_REGISTRY) == adv
+
+
+@pytest.mark.parametrize("total", [MAX_VALUE_LEN + 1, 80_059])
+def test_a_longer_value_is_refused_by_both_decoders_with_a_length_error(total: int):
+    if total == MAX_VALUE_LEN + 1:
+        value = _padded(total)
+    else:  # two unknown TLVs of 40,000 bytes each, as the codec would never write them
+        value = _base() + b"".join(
+            t.to_bytes(2, "big") + (40_000).to_bytes(2, "big") + bytes(40_000) for t in (1000, 1001)
+        )
+    assert len(value) == total
+    with pytest.raises(wire.BadLengthError) as raised:
+        wire.decode(value)
+    err = raised.value
+    assert (err.offset, err.tlv_type) == (0, None)
+    assert str(err) == f"at offset 0: attribute value of {total} bytes exceeds 65535"
+    with pytest.raises(wire.BadLengthError) as ref:
+        wire.decode_from(Reader(value))
+    assert (ref.value.reason, ref.value.offset) == (err.reason, err.offset)
+    with pytest.raises(_FALLBACK):
+        _decode_compiled(value, 0, len(value), wire.DEFAULT_REGISTRY)
+    # inside a bigger buffer the offset is where the value starts
+    with pytest.raises(wire.BadLengthError) as windowed:
+        wire.decode_window(b"\x00" * 9 + value, 9, 9 + total)
+    assert windowed.value.offset == 9
+
+
+def test_decode_command_refuses_an_oversize_hex_value_in_one_line(tmp_path: Path, capsys):
+    """Hex input may be of any length (unlike a BGP attribute): refused, nothing printed."""
+    value = _padded(MAX_VALUE_LEN + 1)
+    (tmp_path / "big.hex").write_text(value.hex())
+    assert main(["decode", str(tmp_path / "big.hex")]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == [
+        f"catsproto decode: at offset 0: attribute value of {len(value)} bytes exceeds 65535"
+    ]
