@@ -7,8 +7,11 @@ Strategy: three small stages, each testable alone.
    Ethernet/IP/TCP here; it never sees BGP.
 2. `BGPStreams` reassembles each direction of each TCP connection (SYN sets the start;
    retransmissions and overlaps are trimmed; out-of-order segments wait for the gap to
-   fill) and cuts the byte stream into BGP messages by the 19-byte header, whose length
-   may be anything up to 65535 (RFC 8654 extended messages). A capture that starts
+   fill, in a heap by stream offset, so a gap filled by n segments costs O(n log n); at
+   most MAX_PENDING_SEGMENTS segments and MAX_PENDING_BYTES bytes wait per direction, past
+   which the gap is reported and the stream resynchronised) and cuts the byte stream
+   into BGP messages by the 19-byte header, whose length may be anything up to 65535
+   (RFC 8654 extended messages). A capture that starts
    mid-connection is synchronised on the first marker; a broken marker is reported and
    resynchronised, never raised.
 3. `findings(messages, type_code, verify)` parses each UPDATE with `wire.bgp`, takes
@@ -22,6 +25,7 @@ Strategy: three small stages, each testable alone.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import ipaddress
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +36,7 @@ from catsproto import wire
 from catsproto.wire.bgp import HEADER_LEN, MARKER, UPDATE, parse_update
 
 MAX_PENDING_BYTES = 1 << 22  # out-of-order data kept per direction before giving up a gap
+MAX_PENDING_SEGMENTS = 1 << 14  # out-of-order segments kept per direction, likewise
 SEQ_MOD = 1 << 32
 BGP_TYPES = {1: "OPEN", 2: "UPDATE", 3: "NOTIFICATION", 4: "KEEPALIVE", 5: "ROUTE-REFRESH"}
 
@@ -123,7 +128,12 @@ class _Direction:
     next_seq: int | None = None
     synced: bool = False
     buffer: bytearray = dataclasses.field(default_factory=bytearray)
+    pos: int = 0
+    """Stream offset of next_seq, counted without wrapping (pending is keyed by these)."""
     pending: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    pending_bytes: int = 0
+    starts: list[int] = dataclasses.field(default_factory=list)
+    """A heap of the keys of `pending`: the lowest stream offset waiting comes first."""
 
 
 class BGPStreams:
@@ -161,31 +171,46 @@ class BGPStreams:
             payload, seq = payload[behind:], d.next_seq
             ahead = 0
         if ahead:
-            if sum(map(len, d.pending.values())) + len(payload) > MAX_PENDING_BYTES:
+            at = d.pos + ahead
+            held = d.pending.get(at)
+            if held is not None and len(held) >= len(payload):
+                return  # a retransmission of data already waiting
+            n_segs = len(d.pending) + (held is None)
+            n_bytes = d.pending_bytes + len(payload) - (0 if held is None else len(held))
+            if n_segs > MAX_PENDING_SEGMENTS or n_bytes > MAX_PENDING_BYTES:
                 self.problems.append(
-                    StreamProblem(seg.time, seg.flow, f"gap of {ahead} bytes never filled")
+                    StreamProblem(
+                        seg.time,
+                        seg.flow,
+                        f"gap of {ahead} bytes never filled ({len(d.pending)} segments, "
+                        f"{d.pending_bytes} bytes waiting)",
+                    )
                 )
                 d.pending.clear()
+                d.starts.clear()
+                d.pending_bytes = 0
                 d.buffer.clear()
                 d.next_seq, d.synced = seq, False
                 ahead = 0
             else:
-                d.pending[seq] = max(payload, d.pending.get(seq, b""), key=len)
+                if held is None:
+                    heapq.heappush(d.starts, at)
+                d.pending[at] = payload
+                d.pending_bytes = n_bytes
                 return
         d.buffer += payload
+        d.pos += len(payload)
         d.next_seq = (seq + len(payload)) % SEQ_MOD
-        while d.pending:  # anything that now continues the stream
-            for pseq in list(d.pending):
-                rel = (pseq - d.next_seq) % SEQ_MOD
-                if rel >= SEQ_MOD // 2 or rel == 0:
-                    data = d.pending.pop(pseq)
-                    skip = 0 if rel == 0 else SEQ_MOD - rel
-                    if skip < len(data):
-                        d.buffer += data[skip:]
-                        d.next_seq = (d.next_seq + len(data) - skip) % SEQ_MOD
-                    break
-            else:
-                break
+        starts = d.starts
+        while starts and starts[0] <= d.pos:  # waiting data that now continues the stream
+            at = heapq.heappop(starts)
+            data = d.pending.pop(at)
+            d.pending_bytes -= len(data)
+            skip = d.pos - at
+            if skip < len(data):
+                d.buffer += data[skip:]
+                d.pos += len(data) - skip
+                d.next_seq = (d.next_seq + len(data) - skip) % SEQ_MOD
 
     def _frame(self, d: _Direction, seg: Segment) -> list[BGPMessage]:
         out = []

@@ -361,6 +361,9 @@ class IngestStats:
     bad_block_size: int = 0
     rank_resets: int = 0
     by_rank: dict[int, int] = field(default_factory=dict)
+    """Events per DP rank, for the first MAX_RANKS_COUNTED ranks seen."""
+    other_ranks: int = 0
+    """Events of ranks seen after by_rank was full (one bucket: ranks come from the wire)."""
 
     @property
     def block_events(self) -> int:
@@ -368,6 +371,8 @@ class IngestStats:
 
 
 _SKIP = -1  # known hash whose key is deliberately unknown (LoRA/extra keys/orphan chain)
+MAX_RANKS_COUNTED = 256  # by_rank entries; vLLM runs a handful of DP ranks per instance
+MAX_MEDIA_REMEMBERED = 64  # medium strings whose tier is memoised (known media only)
 
 
 class VllmIngest:
@@ -405,7 +410,10 @@ class VllmIngest:
             tier = self.media.get(name)
             if tier is not None and tier not in self.cache.specs:
                 tier = None
-            self._tier_of_medium[medium] = tier
+            # only media we store in are memoised, and only so many spellings of them: the
+            # strings come from the publisher, and an unknown one is refused every time
+            if tier is not None and len(self._tier_of_medium) < MAX_MEDIA_REMEMBERED:
+                self._tier_of_medium[medium] = tier
             return tier
 
     def apply_batch(self, batch: VllmEventBatch, rank: int = 0) -> None:
@@ -414,7 +422,11 @@ class VllmIngest:
             rank = batch.data_parallel_rank
         self.stats.batches += 1
         self.stats.events += len(batch.events)
-        self.stats.by_rank[rank] = self.stats.by_rank.get(rank, 0) + len(batch.events)
+        by_rank = self.stats.by_rank
+        if rank in by_rank or len(by_rank) < MAX_RANKS_COUNTED:
+            by_rank[rank] = by_rank.get(rank, 0) + len(batch.events)
+        else:
+            self.stats.other_ranks += len(batch.events)
         for ev in batch.events:
             if type(ev) is VllmBlockStored:
                 self._stored(rank, ev)
@@ -444,7 +456,9 @@ class VllmIngest:
         depth = 0 if not prev or prev == _SKIP else cache.depth.get(prev, 0)
         if ev.lora_name is not None or ev.lora_id is not None or _has_extra(ev.extra_keys):
             prev = _SKIP
-        copies = self._copies.setdefault(rank, {})
+        copies = self._copies.get(rank)
+        if copies is None:  # a rank's map exists only while it holds a copy
+            copies = {}
         medium = (ev.medium or MEDIUM_GPU).upper()
         group = ev.group_idx
         presence = self._presence
@@ -471,6 +485,8 @@ class VllmIngest:
             if entry is not None:
                 entry[0] += 1
                 continue
+            if not copies:
+                self._copies[rank] = copies  # (again, when it is already there: harmless)
             copies[ck] = [1, key]
             pk = (tier, key)
             c = presence.get(pk, 0)
@@ -491,7 +507,10 @@ class VllmIngest:
         if tier is None:
             self.stats.unknown_media += len(ev.block_hashes)
             return
-        copies = self._copies.setdefault(rank, {})
+        copies = self._copies.get(rank)
+        if copies is None:
+            self.stats.unknown_removals += len(ev.block_hashes)
+            return
         medium = (ev.medium or MEDIUM_GPU).upper()
         for h in ev.block_hashes:
             ck = (medium, ev.group_idx, h)
@@ -503,6 +522,8 @@ class VllmIngest:
             if entry[0] == 0:
                 del copies[ck]
                 self._unpresent(tier, entry[1])
+        if not copies:
+            del self._copies[rank]
 
     def _unpresent(self, tier: Tier, key: int) -> None:
         pk = (tier, key)
@@ -522,6 +543,8 @@ class VllmIngest:
                 continue
             _, key = copies.pop(ck)
             self._unpresent(tier, key)
+        if not copies:
+            self._copies.pop(rank, None)
 
     def reset_rank(self, rank: int) -> None:
         """The engine restarted, or its history is lost: forget all of `rank`'s blocks."""

@@ -16,7 +16,7 @@ from typing import TypeVar
 from catsproto.wire.buffer import Reader, Writer
 from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
 from catsproto.wire.compiled import Fallback
-from catsproto.wire.errors import BadValueError, CodecError, NonCanonicalError
+from catsproto.wire.errors import BadLengthError, BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON
 from catsproto.wire.tlv import TLV, AnyTLV, Registry, UnknownTLV
 from catsproto.wire.tlvs import (
@@ -201,6 +201,10 @@ def encode(adv: Advertisement) -> bytes:
 def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
     """Decode the TLVs filling the window of `r` (offsets stay those of `r`'s buffer)."""
     start = r.offset
+    if r.remaining > MAX_VALUE_LEN:  # encode refuses it too, so encode(decode(b)) == b holds
+        raise BadLengthError(
+            f"attribute value of {r.remaining} bytes exceeds {MAX_VALUE_LEN}", start
+        )
     tlvs: list[AnyTLV] = []
     previous = -1
     while r.remaining:
@@ -235,6 +239,8 @@ def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Adv
     The registry's sequence decoder takes the registered types in increasing order,
     inline; whatever it leaves (an unregistered type, disorder) goes TLV by TLV here.
     """
+    if end - pos > MAX_VALUE_LEN:
+        raise Fallback
     tlvs, pos, previous, mandatory = registry.compiled_sequence(data, pos, end)
     if pos < end:
         compiled, header = registry.compiled.get, _TLV_HEADER.unpack_from
