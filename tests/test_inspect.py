@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -198,12 +197,22 @@ def test_follow_a_live_interface_in_a_namespace(tmp_path):
     def attach(ns: str, ifname: str) -> None:
         argv = [sys.executable, "-m", "catsproto", "inspect", "--follow", ifname, "--netns", ns,
                 "--jsonl", "--count", str(len(values)), "--timeout", "30"]  # fmt: skip
-        started["proc"] = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        started["out"] = []
-        threading.Thread(
-            target=lambda: started["out"].extend(started["proc"].stdout), daemon=True
-        ).start()
-        time.sleep(0.8)  # tcpdump inside the follower must be listening before BGP starts
+        proc = started["proc"] = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        started["out"], started["err"] = [], []
+        listening = threading.Event()
+
+        def relay_err() -> None:
+            for line in proc.stderr:
+                started["err"].append(line)
+                if "listening on" in line:
+                    listening.set()
+
+        threading.Thread(target=lambda: started["out"].extend(proc.stdout), daemon=True).start()
+        threading.Thread(target=relay_err, daemon=True).start()
+        # tcpdump inside the follower must be listening before BGP starts
+        assert listening.wait(20), f"tcpdump never said it was listening: {started['err']}"
 
     anns = [Announcement(ipaddress.IPv4Network(p), v) for p, v in values.items()]
     proc = None

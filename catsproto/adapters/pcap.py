@@ -379,12 +379,13 @@ def inspect_capture(
 def live_capture(interface: str, netns: str | None = None) -> subprocess.Popen[bytes]:
     """tcpdump writing a pcap stream of BGP on `interface` (inside `netns`) to its stdout.
 
-    The caller reads `proc.stdout` (e.g. with `inspect_capture`) and stops the process.
+    The caller reads `proc.stdout` (e.g. with `inspect_capture`), drains `proc.stderr`
+    (tcpdump's "listening on" line says when the capture is open) and stops the process.
     """
     argv = ["tcpdump", "-i", interface, "--immediate-mode", "-U", "-Z", "root", "-w", "-"]
     argv.append("tcp port 179")
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
     return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )

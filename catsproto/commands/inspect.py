@@ -152,10 +152,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
 
 
+def _relay(lines: Iterable[bytes]) -> None:
+    for line in lines:
+        sys.stderr.write("tcpdump: " + line.decode("utf-8", "replace"))
+        sys.stderr.flush()
+
+
 def _follow(args: argparse.Namespace, streams: pcap.BGPStreams) -> Iterator[pcap.Finding]:
     """Findings from tcpdump on a live interface until --timeout, --count or Ctrl-C."""
     proc = pcap.live_capture(args.follow, args.netns)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
+    # tcpdump's own lines ("listening on IFACE", the packet counts at the end) go to our
+    # stderr: a caller (or a script) knows from the first one that the capture is open
+    threading.Thread(target=_relay, args=(proc.stderr,), daemon=True).start()
     timer = threading.Timer(args.timeout, _stop, [proc]) if args.timeout else None
     if timer is not None:
         timer.start()
