@@ -352,9 +352,9 @@ def test_the_holder_notices_a_puller_that_hangs_up_while_it_paces(ids) -> None:
 
 
 def test_a_puller_reading_at_a_crawl_is_dropped_at_the_pull_deadline(ids) -> None:
-    # it asked the floor (4 MB/s) but reads about 200 kB/s: the holder keeps it `timeout`
-    # plus 8 MiB at 4 MB/s (about 3.1 s), not the 20 s and more it would take. (Loopback
-    # buffers take up to about 4 MB of the block without the puller reading.)
+    # it asked the floor (4 MB/s) but reads 4 KiB every 20 ms (at most 200 kB/s): the
+    # holder keeps it `timeout` plus 8 MiB at 4 MB/s (about 3.1 s), not the 40 s and more
+    # its reading would take. (Loopback's socket buffers take 3-4 MB of it unread.)
     big = StoredBlock.of(9, bytes(range(256)) * (32 << 10))  # 8 MiB
     opts = dict(min_rate_bps=4_000_000, chunk=16 << 10, timeout=1.0)
     lookup = lambda k: big if k == 9 else None  # noqa: E731

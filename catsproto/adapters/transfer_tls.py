@@ -657,7 +657,7 @@ class TransferServer:
         record.error = (
             f"too slow: {holder.payload_bytes_sent} of {holder.payload_bytes_due} bytes sent "
             f"past the deadline of {self.options.timeout:g} s plus those bytes at "
-            f"{floor:g} bytes/s"
+            f"{floor:.15g} bytes/s"
         )
         with self._lock:
             self.stats.too_slow += 1

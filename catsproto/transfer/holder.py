@@ -150,7 +150,7 @@ class Holder:
                 p,
                 Code.BAD_REQUEST,
                 f"rate_bps {p.rate_bps} is under this holder's floor of "
-                f"{self.min_rate_bps:g} bytes/s (0: unpaced)",
+                f"{self.min_rate_bps:.15g} bytes/s (0: unpaced)",
             )
         start = p.start
         if p.start and p.holder_epoch != self.epoch:
