@@ -83,6 +83,36 @@ class PeerAuthError(TransferError):
         return self
 
 
+class HandshakeDeadlineError(PeerAuthError):
+    """The peer did not finish its offer and the TLS handshake within the time allowed."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        super().__init__("handshake", f"{what} not done within the deadline of {seconds:g} s")
+
+
+@dataclass
+class Deadline:
+    """One absolute limit (on `time.monotonic()`) for the unauthenticated phase: before
+    each blocking step the socket's timeout is set to the time left (at most `per_op`),
+    so a peer trickling a byte just before each timeout still runs out of time."""
+
+    seconds: float
+    per_op: float
+    at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.at = time.monotonic() + self.seconds
+
+    def arm(self, sock: socket.socket, what: str) -> None:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise HandshakeDeadlineError(self.seconds, what)
+        sock.settimeout(min(left, self.per_op))
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+
 class ChannelError(TransferError):
     """The connection failed under the protocol (TLS alert or bad record, reset)."""
 
@@ -215,24 +245,33 @@ def send_offer(sock: socket.socket, certificate: bytes) -> None:
     sock.sendall(OFFER_MAGIC + _OFFER_LEN.pack(len(certificate)) + certificate)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: Deadline | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        part = sock.recv(n - len(buf))
+        if deadline is not None:
+            deadline.arm(sock, f"offer ({len(buf)}/{n} bytes)")
+        try:
+            part = sock.recv(n - len(buf))
+        except TimeoutError:
+            if deadline is not None and deadline.passed():
+                raise HandshakeDeadlineError(
+                    deadline.seconds, f"offer ({len(buf)}/{n} bytes)"
+                ) from None
+            raise
         if not part:
             raise PeerAuthError("handshake", f"connection closed during the offer ({len(buf)}/{n})")
         buf += part
     return bytes(buf)
 
 
-def read_offer(sock: socket.socket) -> bytes:
-    head = _recv_exact(sock, len(OFFER_MAGIC) + _OFFER_LEN.size)
+def read_offer(sock: socket.socket, deadline: Deadline | None = None) -> bytes:
+    head = _recv_exact(sock, len(OFFER_MAGIC) + _OFFER_LEN.size, deadline)
     if head[: len(OFFER_MAGIC)] != OFFER_MAGIC:
         raise PeerAuthError("handshake", "not a catsproto transfer offer")
     (n,) = _OFFER_LEN.unpack_from(head, len(OFFER_MAGIC))
     if not 0 < n <= MAX_CERT:
         raise PeerAuthError("bad-certificate", f"offered certificate of {n} bytes")
-    return _recv_exact(sock, n)
+    return _recv_exact(sock, n, deadline)
 
 
 def tls_context(identity: TransferIdentity, anchor: bytes, *, server_side: bool) -> ssl.SSLContext:
@@ -248,23 +287,38 @@ def tls_context(identity: TransferIdentity, anchor: bytes, *, server_side: bool)
 
 
 def secure(
-    sock: socket.socket, identity: TransferIdentity, policy: PeerPolicy, *, server_side: bool
+    sock: socket.socket,
+    identity: TransferIdentity,
+    policy: PeerPolicy,
+    *,
+    server_side: bool,
+    deadline: Deadline | None = None,
 ) -> tuple[ssl.SSLSocket, Authorisation]:
-    """Offers, trust-store check, TLS 1.3 handshake, re-check. Raises `PeerAuthError`."""
+    """Offers, trust-store check, TLS 1.3 handshake, re-check. Raises `PeerAuthError`
+    (`HandshakeDeadlineError` when `deadline` passes first). With a deadline, the socket
+    is left with its `per_op` timeout."""
     if server_side:
-        offered = read_offer(sock)
+        offered = read_offer(sock, deadline)
         policy.check(offered)
+        if deadline is not None:
+            deadline.arm(sock, "offer")
         send_offer(sock, identity.certificate)
     else:
         send_offer(sock, identity.certificate)
-        offered = read_offer(sock)
+        offered = read_offer(sock, deadline)
         policy.check(offered)
     ctx = tls_context(identity, offered, server_side=server_side)
+    if deadline is not None:
+        deadline.arm(sock, "TLS handshake")  # Python's handshake holds to one timeout in all
     try:
         tls = ctx.wrap_socket(sock, server_side=server_side)
         seen = tls.getpeercert(binary_form=True)
     except (ssl.SSLError, OSError) as exc:
+        if deadline is not None and isinstance(exc, TimeoutError) and deadline.passed():
+            raise HandshakeDeadlineError(deadline.seconds, "TLS handshake") from None
         raise PeerAuthError("handshake", str(exc)) from None
+    if deadline is not None:
+        tls.settimeout(deadline.per_op)
     if seen != offered:
         tls.close()
         raise PeerAuthError("bad-certificate", "the TLS certificate is not the offered one")
@@ -294,7 +348,14 @@ class ServerOptions:
     rather than every later pull failing on it.
 
     timeout: seconds any one read or write may block (a stalled puller is dropped).
+    handshake_timeout: seconds from accept to the end of the TLS handshake, in all.
     max_connections: connections served at once; one more is closed at accept, unserved.
+    max_handshakes: of those, how many may still be unauthenticated (default half of
+        max_connections, at least 1), so peers that never authenticate cannot take every
+        slot; max_handshakes_per_source: the same per peer address (default a quarter of
+        max_handshakes, at least 1), so one address cannot take all of those.
+    min_rate_bps: the lowest rate a PULL may ask (lower is refused with BAD_REQUEST); a
+        pull must also end within `timeout` plus its blocks' bytes at this rate.
     max_records: how many `ServedTransfer` records the server keeps (the newest).
     """
 
@@ -303,7 +364,11 @@ class ServerOptions:
     chunk: int = 256 << 10
     plaintext: bool = False  # benchmarks only: the same frames over bare TCP
     timeout: float = 30.0
+    handshake_timeout: float = 5.0
     max_connections: int = 64
+    max_handshakes: int | None = None
+    max_handshakes_per_source: int | None = None
+    min_rate_bps: float = 125_000
     max_records: int = 1024
 
     def __post_init__(self) -> None:
@@ -315,8 +380,28 @@ class ServerOptions:
             raise ValueError(f"chunk {self.chunk} bytes is not 1..{MAX_BODY}")
         if not 0 < self.timeout < math.inf:
             raise ValueError(f"timeout {self.timeout} s is not a positive number")
+        if not 0 < self.handshake_timeout < math.inf:
+            raise ValueError(
+                f"handshake_timeout {self.handshake_timeout} s is not a positive number"
+            )
         if self.max_connections < 1:
             raise ValueError(f"max_connections {self.max_connections} is not >= 1")
+        if self.max_handshakes is None:
+            self.max_handshakes = max(1, self.max_connections // 2)
+        if not 1 <= self.max_handshakes <= self.max_connections:
+            raise ValueError(
+                f"max_handshakes {self.max_handshakes} is not 1..max_connections "
+                f"({self.max_connections})"
+            )
+        if self.max_handshakes_per_source is None:
+            self.max_handshakes_per_source = max(1, self.max_handshakes // 4)
+        if not 1 <= self.max_handshakes_per_source <= self.max_handshakes:
+            raise ValueError(
+                f"max_handshakes_per_source {self.max_handshakes_per_source} is not "
+                f"1..max_handshakes ({self.max_handshakes})"
+            )
+        if not 0 <= self.min_rate_bps < 2**64:  # also refuses NaN
+            raise ValueError(f"min_rate_bps {self.min_rate_bps} bytes/s is not 0 (none)..2^64-1")
         if self.max_records < 0:
             raise ValueError(f"max_records {self.max_records} is not >= 0")
 
@@ -334,6 +419,15 @@ class ServerStats:
     """Connections that ended in an error (refused peers, timeouts, bad frames ...)."""
     busy: int = 0
     """Connections closed at once because max_connections were being served."""
+    busy_handshakes: int = 0
+    """Connections closed at once because max_handshakes (in all, or from that peer
+    address) were still unauthenticated."""
+    handshake_timeouts: int = 0
+    """Connections dropped when handshake_timeout passed before they authenticated
+    (also counted in `errors`)."""
+    too_slow: int = 0
+    """Pulls dropped when they outlived timeout plus their bytes at min_rate_bps (also
+    counted in `errors`)."""
 
 
 class TransferServer:
@@ -358,6 +452,8 @@ class TransferServer:
         self.stats = ServerStats()
         self._threads: set[threading.Thread] = set()
         self._slots = threading.BoundedSemaphore(self.options.max_connections)
+        self._handshaking = 0  # connections not yet authenticated, and by peer address
+        self._handshaking_from: dict[str, int] = {}
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
@@ -390,23 +486,51 @@ class TransferServer:
                 conn, peer = self._listener.accept()
             except OSError:
                 return
-            if not self._slots.acquire(blocking=False):
+            busy = ""
+            in_service = not self._slots.acquire(blocking=False)
+            if in_service:
+                busy = f"busy: {self.options.max_connections} connections in service"
+            elif not self.options.plaintext:  # bare TCP has no unauthenticated phase
+                busy = self._begin_handshake(peer[0])
+                if busy:
+                    self._slots.release()
+            if busy:
                 # refuse rather than queue: the puller learns at once and can recompute
                 with contextlib.suppress(OSError):
                     conn.close()
                 with self._lock:
-                    self.stats.busy += 1
-                    self.served.append(
-                        ServedTransfer(
-                            f"{peer[0]}:{peer[1]}",
-                            error=f"busy: {self.options.max_connections} connections in service",
-                        )
-                    )
+                    if in_service:
+                        self.stats.busy += 1
+                    else:
+                        self.stats.busy_handshakes += 1
+                    self.served.append(ServedTransfer(f"{peer[0]}:{peer[1]}", error=busy))
                 continue
             t = threading.Thread(target=self._serve_counted, args=(conn, peer), daemon=True)
             with self._lock:
                 self._threads.add(t)
             t.start()
+
+    def _begin_handshake(self, host: str) -> str:
+        """Counts one more unauthenticated connection from `host`, or says why not."""
+        o = self.options
+        with self._lock:
+            if self._handshaking >= o.max_handshakes:  # type: ignore[operator]
+                return f"busy handshakes: {o.max_handshakes} connections not yet authenticated"
+            if self._handshaking_from.get(host, 0) >= o.max_handshakes_per_source:  # type: ignore[operator]
+                return (
+                    f"busy handshakes: {o.max_handshakes_per_source} connections from {host} "
+                    "not yet authenticated"
+                )
+            self._handshaking += 1
+            self._handshaking_from[host] = self._handshaking_from.get(host, 0) + 1
+        return ""
+
+    def _end_handshake(self, host: str) -> None:
+        with self._lock:
+            self._handshaking -= 1
+            left = self._handshaking_from.pop(host) - 1
+            if left:
+                self._handshaking_from[host] = left
 
     def _serve_counted(self, conn: socket.socket, peer: tuple) -> None:
         record = ServedTransfer(f"{peer[0]}:{peer[1]}")
@@ -414,7 +538,7 @@ class TransferServer:
             self.served.append(record)
             self.stats.connections += 1
         try:
-            self._serve(conn, record)
+            self._serve(conn, record, peer[0])
         finally:
             with self._lock:
                 if record.error:
@@ -426,27 +550,41 @@ class TransferServer:
                 self._threads.discard(threading.current_thread())
             self._slots.release()
 
-    def _serve(self, conn: socket.socket, record: ServedTransfer) -> None:
-        conn.settimeout(self.options.timeout)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _serve(self, conn: socket.socket, record: ServedTransfer, host: str) -> None:
+        o = self.options
+        deadline = Deadline(o.handshake_timeout, o.timeout)
+        handshaking = not o.plaintext  # counted by _begin_handshake at accept
         sock: socket.socket = conn
         try:
-            if not self.options.plaintext:
+            conn.settimeout(o.timeout)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not o.plaintext:
                 assert self.identity is not None and self.policy is not None
-                sock, auth = secure(conn, self.identity, self.policy, server_side=True)
+                sock, auth = secure(
+                    conn, self.identity, self.policy, server_side=True, deadline=deadline
+                )
                 record.peer_key_id = auth.key_id.hex()
+                handshaking = False
+                self._end_handshake(host)
             self._stream(sock, record)
         except (TransferError, OSError, ssl.SSLError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, HandshakeDeadlineError):
+                with self._lock:
+                    self.stats.handshake_timeouts += 1
         except Exception as exc:  # a bug must cost one connection, never the server
             record.error = f"internal {type(exc).__name__}: {exc}"
         finally:
+            if handshaking:
+                self._end_handshake(host)
             with contextlib.suppress(OSError):
                 sock.close()
 
     def _stream(self, sock: socket.socket, record: ServedTransfer) -> None:
         o = self.options
-        holder = Holder(self.lookup, o.epoch, chunk=o.chunk, rate_bps=o.rate_bps)
+        holder = Holder(
+            self.lookup, o.epoch, chunk=o.chunk, rate_bps=o.rate_bps, min_rate_bps=o.min_rate_bps
+        )
         while holder.pull is None and not holder.finished:
             data = sock.recv(RECV_SIZE)
             if not data:
@@ -457,40 +595,80 @@ class TransferServer:
             record.cancelled = True
             return
         record.transfer_id = holder.pull.transfer_id
-        # the socket keeps options.timeout: a puller that stops reading fails sendall
+        if holder.refusal is not None:
+            record.error = f"refused: {holder.refusal.reason}"
+        # the pull's own deadline: `timeout`, plus every byte of the blocks begun so far at
+        # the lowest rate served (the floor, or the holder's own rate if lower)
+        floor = min((r for r in (o.min_rate_bps, o.rate_bps) if r > 0), default=0)
+        started = time.monotonic()
+
+        def time_left() -> float:
+            if not floor:
+                return math.inf
+            return started + o.timeout + holder.payload_bytes_due / floor - time.monotonic()
+
+        clean = True  # end with a TLS close_notify (not after a peer that is gone or stuck)
+        # every write may block `timeout` at most, and never past the pull's deadline
         while not holder.finished and not self._closing.is_set():
+            now = time.monotonic()
+            left = time_left()
+            if left <= 0:
+                clean = self._too_slow(record, holder, floor)
+                break
             if _readable(sock):
                 data = sock.recv(RECV_SIZE)
                 if not data:
+                    clean = False
+                    record.error = (
+                        f"the puller closed the connection after {holder.blocks_sent} "
+                        f"of {len(holder.pull.keys)} blocks"
+                    )
                     break
                 if any(isinstance(e, PeerCancelled) for e in holder.receive(data)):
                     record.cancelled = True
                     break
-            now = time.monotonic()
             out = holder.send(now, limit=1 << 20)
             if out:
-                sock.sendall(out)
+                sock.settimeout(min(o.timeout, left))
+                try:
+                    sock.sendall(out)
+                except TimeoutError:
+                    if time_left() > 0:
+                        raise
+                    clean = self._too_slow(record, holder, floor)
+                    break
                 continue
             nxt = holder.next_send_at(now)
             if nxt is None:
                 break
-            if nxt > now:
-                time.sleep(nxt - now)
+            if nxt > now:  # wait, but wake for the puller's CANCEL or its going away
+                _readable(sock, min(nxt - now, o.timeout, left))
         if self._closing.is_set() and not holder.finished:
             with contextlib.suppress(OSError):
                 sock.sendall(holder.cancel("server shutting down"))
         record.blocks_sent = holder.blocks_sent
         record.payload_bytes = holder.payload_bytes_sent
         record.evicted_at = holder.evicted.index if holder.evicted else None
-        if isinstance(sock, ssl.SSLSocket):
+        if isinstance(sock, ssl.SSLSocket) and clean:
             with contextlib.suppress(OSError, ssl.SSLError):
                 sock.unwrap()
 
+    def _too_slow(self, record: ServedTransfer, holder: Holder, floor: float) -> bool:
+        record.error = (
+            f"too slow: {holder.payload_bytes_sent} of {holder.payload_bytes_due} bytes sent "
+            f"past the deadline of {self.options.timeout:g} s plus those bytes at "
+            f"{floor:.15g} bytes/s"
+        )
+        with self._lock:
+            self.stats.too_slow += 1
+        return False  # no clean close: the peer is not reading
 
-def _readable(sock: socket.socket) -> bool:
+
+def _readable(sock: socket.socket, wait: float = 0.0) -> bool:
+    """Whether `sock` has bytes (or an EOF) to read, waiting up to `wait` seconds."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
-    r, _, _ = select.select([sock], [], [], 0)
+    r, _, _ = select.select([sock], [], [], max(0.0, wait))
     return bool(r)
 
 

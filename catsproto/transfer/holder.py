@@ -10,6 +10,8 @@ EVICTED for that block (and nothing after it: a KV prefix is useless past a gap)
 block once started is sent whole from the snapshot taken at lookup: the puller never
 sees half of an old block and half of a new one. A resumption from another epoch of
 this holder (the puller names the epoch its staged blocks came from) starts over at 0.
+A PULL asking a rate under the holder's floor (`min_rate_bps`) is refused with
+BAD_REQUEST: a puller must not hold the holder's connection for days at 1 byte/s.
 """
 
 from __future__ import annotations
@@ -83,22 +85,30 @@ class Holder:
         rate_bps: float = 0,
         burst_bytes: float | None = None,
         max_keys: int | None = None,
+        min_rate_bps: float = 0,
     ) -> None:
         """burst_bytes: the bucket's depth (default two chunks or 2 ms at the rate);
-        a modelled link uses one chunk, so the model is not faster than its bandwidth."""
+        a modelled link uses one chunk, so the model is not faster than its bandwidth.
+        min_rate_bps: the lowest rate a PULL may ask (0: any); 0 in a PULL means unpaced
+        and is always allowed."""
         if not 0 < chunk <= MAX_BODY:
             raise ValueError(f"chunk must be 1..{MAX_BODY} bytes")
         if epoch <= 0:
             raise ValueError("holder epoch must be > 0 (0 means 'none' on the wire)")
+        if not 0 <= min_rate_bps < 2**64:  # also refuses NaN
+            raise ValueError(f"min_rate_bps {min_rate_bps} is not 0 (none)..2^64-1 bytes/s")
         self.lookup = lookup
         self.epoch = epoch
         self.chunk = chunk
         self.rate_bps = rate_bps
         self.max_keys = max_keys
+        self.min_rate_bps = min_rate_bps
         self.burst_bytes = burst_bytes
         self.state = HolderState.AWAIT_PULL
         self.pull: Pull | None = None
         self.evicted: SentEvicted | None = None
+        self.refusal: Refuse | None = None  # the REFUSE answered to the PULL, if any
+        self.payload_bytes_due = 0  # payload of every block begun (looked up) so far
         self.blocks_sent = 0
         self.payload_bytes_sent = 0
         self._reader = FrameReader()
@@ -134,11 +144,14 @@ class Holder:
     def _on_pull(self, p: Pull) -> PullReceived:
         self.pull = p
         if self.max_keys is not None and len(p.keys) > self.max_keys:
-            self._out.append(
-                encode(Refuse(Code.TOO_LARGE, f"{len(p.keys)} keys, at most {self.max_keys}"))
+            return self._refuse(p, Code.TOO_LARGE, f"{len(p.keys)} keys, at most {self.max_keys}")
+        if 0 < p.rate_bps < self.min_rate_bps:
+            return self._refuse(
+                p,
+                Code.BAD_REQUEST,
+                f"rate_bps {p.rate_bps} is under this holder's floor of "
+                f"{self.min_rate_bps:.15g} bytes/s (0: unpaced)",
             )
-            self.state = HolderState.FINISHED
-            return PullReceived(p, 0)
         start = p.start
         if p.start and p.holder_epoch != self.epoch:
             start = 0  # the staged blocks came from another life of this holder
@@ -153,6 +166,12 @@ class Holder:
         self._out.append(encode(Accept(p.transfer_id, self.epoch, start, len(p.keys))))
         self.state = HolderState.STREAMING
         return PullReceived(p, start)
+
+    def _refuse(self, p: Pull, code: Code, reason: str) -> PullReceived:
+        self.refusal = Refuse(code, reason)
+        self._out.append(encode(self.refusal))
+        self.state = HolderState.FINISHED
+        return PullReceived(p, 0)
 
     # ---- outgoing ----------------------------------------------------------------------
 
@@ -233,6 +252,7 @@ class Holder:
             return encode(Evicted(i, key)) + encode(Done(p.transfer_id, i))
         self._current = block
         self._offset = 0
+        self.payload_bytes_due += len(block.payload)
         header = encode(Block(i, key, len(block.payload), block.digest))
         if not block.payload:
             self._current = None

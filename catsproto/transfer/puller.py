@@ -335,6 +335,11 @@ class Puller:
 
     def _on_evicted(self, e: Evicted) -> None:
         index = len(self._blocks)
+        if index >= len(self.keys):  # every block asked is verified: nothing left to evict
+            raise ProtocolViolationError(
+                f"evicted block {e.index} (key {e.key:016x}) after all {len(self.keys)} "
+                "blocks asked were verified"
+            )
         if e.index != index or e.key != self.keys[index]:
             raise ProtocolViolationError(
                 f"evicted block {e.index} (key {e.key:016x}), expected block {index}"
