@@ -239,7 +239,8 @@ class TrustFileVerifier:
     are accepted unverified; a file that exists but cannot be read or loaded still never
     leads to acceptance. Signature, scope, freshness and replay are
     `catsproto.security.Receiver`'s; a re-sent identical advertisement (BGP does that)
-    stays accepted.
+    stays accepted. `attribute_type` is the type code the values arrive in: it is part
+    of every signed message, so it must be the one `run` looks the attribute up by.
     """
 
     def __init__(
@@ -249,7 +250,11 @@ class TrustFileVerifier:
         *,
         optional: bool = False,
         log: Callable[[str], None] = _stderr,
+        attribute_type: int = DEFAULT_ATTRIBUTE_TYPE,
     ) -> None:
+        from catsproto import security
+
+        self.policy = security.Policy(attribute_type=attribute_type)
         self.path = Path(path)
         self.clock = clock
         self.optional = optional
@@ -295,7 +300,7 @@ class TrustFileVerifier:
             self._failed(stamp, f"does not load: {exc}")
         else:
             if self._receiver is None:
-                self._receiver = security.Receiver(store)
+                self._receiver = security.Receiver(store, policy=self.policy)
             else:
                 self._receiver = self._receiver.reloaded(store, self._loaded)
             self._stamp, self._loaded, self.error = stamp, store, ""
@@ -535,6 +540,12 @@ def run(
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
 ) -> None:
+    verifier = rib.verifier
+    if isinstance(verifier, TrustFileVerifier) and verifier.policy.attribute_type != type_code:
+        raise ValueError(
+            f"the trust-file verifier checks signatures for attribute type "
+            f"{verifier.policy.attribute_type}, the attribute is read as type {type_code}"
+        )
     for line in lines:
         line = line.strip()
         if not line:
@@ -614,10 +625,17 @@ def _tee(lines: Iterable[str], path: Path) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from catsproto.commands import attribute_type_code
+
     sys.stdout = sys.stderr  # ExaBGP would read anything on our stdout as a command
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
     p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
-    p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
+    p.add_argument(
+        "--type-code",
+        type=attribute_type_code,
+        default=DEFAULT_ATTRIBUTE_TYPE,
+        help="attribute type code to read and to verify signatures for, 0..255",
+    )
     trust = p.add_mutually_exclusive_group()
     trust.add_argument(
         "--trust",
@@ -643,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     verifier = None
     if args.trust or args.trust_when_present:
         verifier = TrustFileVerifier(
-            args.trust or args.trust_when_present, optional=bool(args.trust_when_present)
+            args.trust or args.trust_when_present,
+            optional=bool(args.trust_when_present),
+            attribute_type=args.type_code,
         )
     rib = CacheRib(
         verifier=verifier,
