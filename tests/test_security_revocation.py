@@ -17,8 +17,7 @@ import pytest
 
 from catsproto import security, wire
 from catsproto.adapters import exabgp_receive as rx
-from catsproto.security import Reason, TrustFileError, TrustStore
-from catsproto.security.trust import OperatorScope
+from catsproto.security import OperatorScope, Reason, TrustFileError, TrustStore
 from catsproto.security.vectors import NLRI, NOW_MS, fixture, seed
 
 F = fixture()
