@@ -76,8 +76,8 @@ def _claims_since(lab: runner.Lab, since: float) -> list[tuple[float, int]]:
     `since` (wall clock), replaying e1's event log in order into a selector RIB."""
     rib, out = RIB(), []
     for e in lab.events("e1"):
-        if e.get("kind") != "accept" or "entry" not in e:
-            continue
+        if e.get("kind") != "accept" or "value" not in e.get("entry", {}):
+            continue  # an unchanged re-send is logged without its value: nothing new
         rib.accept(wire.decode(bytes.fromhex(e["entry"]["value"])), int(e["time"] * 1000))
         if e["entry"]["origin"] == X and e["time"] >= since:
             out.append((e["time"], _claimed(rib, need_all=False)))

@@ -239,7 +239,8 @@ class TrustFileVerifier:
     are accepted unverified; a file that exists but cannot be read or loaded still never
     leads to acceptance. Signature, scope, freshness and replay are
     `catsproto.security.Receiver`'s; a re-sent identical advertisement (BGP does that)
-    stays accepted.
+    stays accepted. `attribute_type` is the type code the values arrive in: it is part
+    of every signed message, so it must be the one `run` looks the attribute up by.
     """
 
     def __init__(
@@ -249,7 +250,11 @@ class TrustFileVerifier:
         *,
         optional: bool = False,
         log: Callable[[str], None] = _stderr,
+        attribute_type: int = DEFAULT_ATTRIBUTE_TYPE,
     ) -> None:
+        from catsproto import security
+
+        self.policy = security.Policy(attribute_type=attribute_type)
         self.path = Path(path)
         self.clock = clock
         self.optional = optional
@@ -295,7 +300,7 @@ class TrustFileVerifier:
             self._failed(stamp, f"does not load: {exc}")
         else:
             if self._receiver is None:
-                self._receiver = security.Receiver(store)
+                self._receiver = security.Receiver(store, policy=self.policy)
             else:
                 self._receiver = self._receiver.reloaded(store, self._loaded)
             self._stamp, self._loaded, self.error = stamp, store, ""
@@ -386,6 +391,9 @@ class Change:
     prefix: Prefix | None = None
     entry: Entry | None = None
     reason: str = ""
+    # an accept of the very value (and flags, AS path) the route already carried: BGP
+    # re-sends UPDATEs; the event log then leaves the value's hex out
+    unchanged: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "peer": self.peer}
@@ -393,6 +401,9 @@ class Change:
             out["prefix"] = str(self.prefix)
         if self.entry is not None:
             out["entry"] = self.entry.to_json()
+            if self.unchanged:
+                del out["entry"]["value"]
+                out["unchanged"] = True
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -494,8 +505,16 @@ class CacheRib:
             now,
             event.as_path,
         )
+        had = self.entries.get(key)
+        unchanged = (
+            had is not None
+            and had.value == entry.value
+            and had.flags == entry.flags
+            and had.as_path == entry.as_path
+            and had.verified == entry.verified
+        )
         self.entries[key] = entry
-        return [Change("accept", event.peer, event.prefix, entry)]
+        return [Change("accept", event.peer, event.prefix, entry, unchanged=unchanged)]
 
     def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
         # RFC 7606 section 2: treat-as-withdraw; the session is left alone.
@@ -535,6 +554,12 @@ def run(
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
 ) -> None:
+    verifier = rib.verifier
+    if isinstance(verifier, TrustFileVerifier) and verifier.policy.attribute_type != type_code:
+        raise ValueError(
+            f"the trust-file verifier checks signatures for attribute type "
+            f"{verifier.policy.attribute_type}, the attribute is read as type {type_code}"
+        )
     for line in lines:
         line = line.strip()
         if not line:
@@ -551,31 +576,64 @@ def run(
                 on_change(change)
 
 
+EVENTS_MAX_BYTES = 64 * 2**20
+
+
 class FileSink:
     """Appends each change to `events.jsonl` and rewrites `rib.json` atomically: after
     every change, or with `coalesce` only on `flush()`. `rib.json` is the whole RIB, so
     a rewrite per change costs O(RIB) each, O(n^2) for a burst (docs/scale.md: 20 ms a
-    route at 1,240 routes); `main` coalesces and flushes whenever its input runs dry."""
+    route at 1,240 routes); `main` coalesces and flushes whenever its input runs dry.
 
-    def __init__(self, directory: str | Path, rib: CacheRib, *, coalesce: bool = False) -> None:
+    The event log is bounded: a re-sent unchanged value is a short line (no value hex,
+    `Change.unchanged`), and once the file reaches `events_max_bytes` it is renamed to
+    `events.jsonl.1` (replacing the one before) and a new one is started, so the two
+    together stay under twice the limit whatever peers send."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        rib: CacheRib,
+        *,
+        coalesce: bool = False,
+        events_max_bytes: int = EVENTS_MAX_BYTES,
+    ) -> None:
+        if events_max_bytes <= 0:
+            raise ValueError(f"events_max_bytes {events_max_bytes} is not above 0")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rib = rib
         self.coalesce = coalesce
         self.dirty = False
-        self.events: IO[str] = open(self.dir / "events.jsonl", "a")  # noqa: SIM115
+        self.events_max_bytes = events_max_bytes
+        self.events_path = self.dir / "events.jsonl"
+        self.events: IO[str] = open(self.events_path, "a")  # noqa: SIM115
+        self._events_bytes = self.events_path.stat().st_size
+        self.rotations = 0
         self._counted: dict[str, int] = {}
         self.write_snapshot()
 
     def __call__(self, change: Change) -> None:
         record = change.to_json()
         record["time"] = time.time()
-        self.events.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"  # ASCII (json escapes the rest): chars are bytes
+        if self._events_bytes and self._events_bytes + len(line) > self.events_max_bytes:
+            self._rotate()
+        self.events.write(line)
         self.events.flush()
+        self._events_bytes += len(line)
         if self.coalesce:
             self.dirty = True
         else:
             self.write_snapshot()
+
+    def _rotate(self) -> None:
+        """events.jsonl becomes events.jsonl.1 (the older one goes); start a new one."""
+        self.events.close()
+        self.events_path.replace(self.dir / "events.jsonl.1")
+        self.events = open(self.events_path, "a")  # noqa: SIM115
+        self._events_bytes = 0
+        self.rotations += 1
 
     def flush(self) -> None:
         """Write the snapshot if a change (or a count, e.g. a message that did not parse)
@@ -614,10 +672,24 @@ def _tee(lines: Iterable[str], path: Path) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from catsproto.commands import attribute_type_code
+
     sys.stdout = sys.stderr  # ExaBGP would read anything on our stdout as a command
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")
     p.add_argument("--out", required=True, help="directory for events.jsonl and rib.json")
-    p.add_argument("--type-code", type=int, default=DEFAULT_ATTRIBUTE_TYPE)
+    p.add_argument(
+        "--type-code",
+        type=attribute_type_code,
+        default=DEFAULT_ATTRIBUTE_TYPE,
+        help="attribute type code to read and to verify signatures for, 0..255",
+    )
+    p.add_argument(
+        "--events-max-bytes",
+        type=int,
+        default=EVENTS_MAX_BYTES,
+        metavar="BYTES",
+        help="rotate events.jsonl to events.jsonl.1 when it would grow past this size",
+    )
     trust = p.add_mutually_exclusive_group()
     trust.add_argument(
         "--trust",
@@ -640,16 +712,20 @@ def main(argv: list[str] | None = None) -> int:
         "(RFC 4724; configure the same capability on the session)",
     )
     args = p.parse_args(argv)
+    if args.events_max_bytes <= 0:
+        p.error(f"--events-max-bytes {args.events_max_bytes}: give a size above 0")
     verifier = None
     if args.trust or args.trust_when_present:
         verifier = TrustFileVerifier(
-            args.trust or args.trust_when_present, optional=bool(args.trust_when_present)
+            args.trust or args.trust_when_present,
+            optional=bool(args.trust_when_present),
+            attribute_type=args.type_code,
         )
     rib = CacheRib(
         verifier=verifier,
         restart_time=args.graceful_restart,
     )
-    sink = FileSink(args.out, rib, coalesce=True)
+    sink = FileSink(args.out, rib, coalesce=True, events_max_bytes=args.events_max_bytes)
     lines: Iterable[str] = drained(sys.stdin, sink.flush)
     if args.raw:
         lines = _tee(lines, Path(args.out) / "raw.jsonl")

@@ -102,12 +102,12 @@ def cmd_trust(args: argparse.Namespace) -> int:
     for path in args.operator:
         key = _object(path, "key")
         operators.append(commands.public_key(key) if "seed" in key else key)
-    trust = {
-        "format": "catsproto-trust/1",
-        "operators": operators,
-        "delegations": [_object(p, "delegation") for p in args.delegation],
-    }
-    commands.load_trust(trust)  # refuse to write a trust file that would not load
+    trust = commands.build_trust(
+        operators,
+        [_object(p, "delegation") for p in args.delegation],
+        revoke=args.revoke,
+        previous=_object(args.previous, "trust") if args.previous else None,
+    )
     print(json.dumps(trust, indent=2))
     return 0
 
@@ -197,7 +197,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="build a trust file from operator keys and delegations (JSON on stdout)",
         description="Build a trust file (catsproto-trust/1) from operator key files (of a "
         "private key only the public half is kept) and delegation files, check that it "
-        "loads, and print it as JSON.",
+        "loads, and print it as JSON. To remove a node key, build the new file with "
+        "--previous OLD (or --revoke KEY_ID): the key is then listed as revoked.",
     )
     p.add_argument(
         "--operator",
@@ -210,6 +211,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         help="delegation file from `catsproto authorize`; repeatable",
+    )
+    p.add_argument(
+        "--revoke",
+        action="append",
+        default=[],
+        metavar="KEY_ID",
+        help="node key id (16 hex) to revoke: written into revoked_keys, so no delegation, "
+        "not even one carried in an advertisement, authorises it again; repeatable",
+    )
+    p.add_argument(
+        "--previous",
+        metavar="TRUST",
+        help="the trust file this one replaces: its revoked keys stay revoked, and every "
+        "node key it delegated that no --delegation here does is revoked",
     )
     p.set_defaults(func=cmd_trust)
 

@@ -66,6 +66,7 @@ from catsproto.security.trust import (
     DELEGATION_LABEL,
     Authorisation,
     OperatorKey,
+    OperatorScope,
     TrustFileError,
     TrustStore,
     authorise,

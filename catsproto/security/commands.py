@@ -8,9 +8,10 @@ Bad input raises `CommandError` (one line for stderr) or a `wire.CodecError`.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 from catsproto import wire
-from catsproto.security.identity import KeyFormatError, SigningKey
+from catsproto.security.identity import KEY_ID_LEN, KeyFormatError, SigningKey, key_id
 from catsproto.security.receiver import (
     DEFAULT_MAX_AGE_MS,
     DEFAULT_MAX_FUTURE_MS,
@@ -22,6 +23,7 @@ from catsproto.security.replay import ReplayWindow
 from catsproto.security.sealing import CACHE_SECTION, GroupKey, GroupKeyring, seal
 from catsproto.security.signing import IPNetwork, sign
 from catsproto.security.trust import (
+    TRUST_FORMAT,
     TrustFileError,
     TrustStore,
     authorise,
@@ -144,6 +146,56 @@ def _keyring(group_keys: list[JSON]) -> GroupKeyring:
     if not 1 <= len(keys) <= 2:
         raise CommandError("give one or two group keys (active first)")
     return GroupKeyring(keys[0], keys[1] if len(keys) == 2 else None)
+
+
+def build_trust(
+    operators: list[JSON],
+    delegations: list[JSON],
+    *,
+    revoke: Sequence[str] = (),
+    previous: JSON | None = None,
+) -> JSON:
+    """A trust file from operator public keys and delegations. `revoke`: node key ids
+    (hex) to write into "revoked_keys". `previous`: the trust file this one replaces;
+    its revoked keys stay revoked, and a node key it delegated that `delegations` does
+    not is revoked too, so a removed key stays refused after a receiver restarts even
+    if the node carries its still valid delegation in-band. A delegation of a revoked
+    key is refused: a revoked key stays revoked (authorise a new key instead)."""
+    revoked: set[bytes] = set()
+    for text in revoke:
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise CommandError(f"--revoke {text[:40]!r} is not a hex key id") from None
+        if len(raw) != KEY_ID_LEN:
+            raise CommandError(f"--revoke {text[:40]!r} is {len(raw)} bytes, a key id is 8")
+        revoked.add(raw)
+    keys = []
+    for i, d in enumerate(delegations):
+        try:
+            keys.append(key_id(delegation_from_json(d).node_key))
+        except (TrustFileError, wire.CodecError) as exc:
+            raise CommandError(f"delegation {i + 1}: {exc}") from None
+    if previous is not None:
+        try:
+            before = TrustStore.from_json(previous)
+        except TrustFileError as exc:
+            raise CommandError(f"previous trust file: {exc}") from None
+        revoked |= before.revoked | (before.authorisations.keys() - set(keys))
+    for k in keys:
+        if k in revoked:
+            raise CommandError(
+                f"delegation of key {k.hex()}, which is revoked; authorise a new key instead"
+            )
+    trust: dict[str, JSON] = {
+        "format": TRUST_FORMAT,
+        "operators": operators,
+        "delegations": delegations,
+    }
+    if revoked:
+        trust["revoked_keys"] = sorted(k.hex() for k in revoked)
+    load_trust(trust)  # refuse to write a trust file that would not load
+    return trust
 
 
 def load_trust(obj: JSON) -> TrustStore:

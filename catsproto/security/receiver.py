@@ -143,7 +143,8 @@ def _signer(
     known = trust.lookup(signature.key_id)
     if carried is None or (known is not None and known.delegation == carried):
         if known is None:
-            raise UnknownKeyError(f"signing key {signature.key_id.hex()} is not authorised")
+            why = "is revoked" if signature.key_id in trust.revoked else "is not authorised"
+            raise UnknownKeyError(f"signing key {signature.key_id.hex()} {why}")
         return known, None
     if key_id(carried.node_key) != signature.key_id:
         raise BadDelegationError(
@@ -382,7 +383,13 @@ class Receiver:
         """This receiver with a trust store read anew (`loaded` is the one it was built
         from). The replay window, policy, group keys and counters carry over, so a
         trust-file edit cannot re-admit an old (epoch, sequence); delegations learned
-        in-band are checked again against the new operators and kept if they pass."""
+        in-band are checked again against the new operators and kept if they pass.
+
+        Revocation carries over too: a key revoked before, or whose delegation the old
+        file held and the new one does not, stays revoked, so the node cannot bring it
+        back in-band. Only a delegation in the new file itself authorises it again."""
+        removed = loaded.authorisations.keys() - trust.authorisations.keys()
+        trust = trust.without_keys((self.trust.revoked | removed) - trust.authorisations.keys())
         for k, auth in self.trust.authorisations.items():
             before = loaded.authorisations.get(k)
             if before is not None and before.delegation == auth.delegation:

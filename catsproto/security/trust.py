@@ -17,6 +17,11 @@ The operator signature covers::
 
 A store holds one delegation per node key: the one with the latest `not_before_ms`,
 so a renewal replaces the old delegation and an old, wider one cannot be played back.
+Revoking a key puts its id in the store's revoked set: a delegation is still valid
+until it expires, so without that set the node could carry it in-band and be learned
+again. An operator may have a scope (CS-IDs, routes, addresses); every delegation it
+signs must lie within it, so with several operators one cannot speak for another's
+instances. An operator without a scope may delegate anything (one-operator setups).
 The trust file is JSON (format "catsproto-trust/1"; see docs/security.md).
 """
 
@@ -34,7 +39,13 @@ from catsproto.security.errors import (
     NotAuthorisedError,
     UnknownKeyError,
 )
-from catsproto.security.identity import KeyFormatError, PublicKey, SigningKey, key_id
+from catsproto.security.identity import (
+    KEY_ID_LEN,
+    KeyFormatError,
+    PublicKey,
+    SigningKey,
+    key_id,
+)
 from catsproto.security.signing import IPNetwork
 from catsproto.wire import (
     CodecError,
@@ -122,9 +133,57 @@ def _network_within(nlri: IPNetwork, networks: tuple[_IntNetwork, ...]) -> bool:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class OperatorScope:
+    """What an operator may delegate: every CS-ID of a delegation it signs must be one of
+    `cs_ids`, every route and address network must lie inside one of `routes` and
+    `addresses` (a delegation's scope entries, the same three kinds)."""
+
+    cs_ids: frozenset[int]
+    routes: tuple[IPNetwork, ...]
+    addresses: tuple[IPNetwork, ...]
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        cs_ids: Iterable[int],
+        routes: Iterable[IPNetwork | str],
+        addresses: Iterable[IPNetwork | str],
+    ) -> OperatorScope:
+        scope = cls(frozenset(cs_ids), tuple(_networks(routes)), tuple(_networks(addresses)))
+        for name in ("cs_ids", "routes", "addresses"):
+            if not getattr(scope, name):
+                raise ValueError(f"operator scope: {name} is empty (it would allow nothing)")
+        return scope
+
+    def outside(self, delegation: Delegation) -> str | None:
+        """The first scope entry of `delegation` outside this scope, shown, or None."""
+        for e in delegation.entries(ScopeKind.CS_ID):
+            if e.cs_id not in self.cs_ids:
+                return f"CS-ID {e.cs_id}"
+        for kind, allowed, what in (
+            (ScopeKind.ROUTE, self.routes, "route"),
+            (ScopeKind.ADDRESS, self.addresses, "address"),
+        ):
+            networks = tuple(_as_ints(n) for n in allowed)
+            for e in delegation.entries(kind):
+                if not _network_within(e.network, networks):
+                    return f"{what} {e.network}"
+        return None
+
+    def to_json(self) -> JSON:
+        return {
+            "cs_ids": sorted(self.cs_ids),
+            "routes": [str(n) for n in self.routes],
+            "addresses": [str(n) for n in self.addresses],
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class OperatorKey:
     name: str
     public: PublicKey
+    scope: OperatorScope | None = None  # None: may delegate any CS-ID, route, address
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,10 +248,16 @@ class TrustStore:
     authorisations: Mapping[bytes, Authorisation] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
     )
+    # node key ids that no delegation may authorise again, carried in-band or not
+    revoked: frozenset[bytes] = frozenset()
 
-    def with_operator(self, public_key: bytes, name: str = "") -> TrustStore:
+    def with_operator(
+        self, public_key: bytes, name: str = "", scope: OperatorScope | None = None
+    ) -> TrustStore:
+        """A store that also trusts this operator key (replacing one of the same id).
+        Node keys it authorised before are not checked again against a new `scope`."""
         public = PublicKey.from_bytes(public_key)
-        operators = {**self.operators, public.key_id: OperatorKey(name, public)}
+        operators = {**self.operators, public.key_id: OperatorKey(name, public, scope)}
         return dataclasses.replace(self, operators=MappingProxyType(operators))
 
     def without_operator(self, operator_key_id: bytes) -> TrustStore:
@@ -206,32 +271,54 @@ class TrustStore:
                     if a.operator.public.key_id != operator_key_id
                 }
             ),
+            self.revoked,
         )
 
     def without_key(self, node_key_id: bytes) -> TrustStore:
-        """Forget one node key (revocation before its delegation expires)."""
-        auths = {k: v for k, v in self.authorisations.items() if k != node_key_id}
-        return dataclasses.replace(self, authorisations=MappingProxyType(auths))
+        """Revoke one node key before its delegation expires: forget its authorisation
+        and refuse any delegation of it from now on (in-band ones included)."""
+        return self.without_keys((node_key_id,))
+
+    def without_keys(self, node_key_ids: Iterable[bytes]) -> TrustStore:
+        """`without_key` for each of `node_key_ids`."""
+        revoked = self.revoked | frozenset(bytes(k) for k in node_key_ids)
+        if revoked == self.revoked and not revoked & self.authorisations.keys():
+            return self
+        auths = {k: v for k, v in self.authorisations.items() if k not in revoked}
+        return dataclasses.replace(self, authorisations=MappingProxyType(auths), revoked=revoked)
 
     def lookup(self, node_key_id: bytes) -> Authorisation | None:
         return self.authorisations.get(node_key_id)
 
     def check_delegation(self, delegation: Delegation) -> Authorisation:
-        """Check `delegation` against the operator keys; raises UnknownKeyError or
-        BadDelegationError. Changes nothing."""
+        """Check `delegation` against the operator keys, their scopes and the revoked
+        keys; raises UnknownKeyError or BadDelegationError. Changes nothing."""
         operator = self.operators.get(delegation.operator_key_id)
         if operator is None:
             raise UnknownKeyError(
                 f"delegation by operator key {delegation.operator_key_id.hex()}, "
                 "which is not trusted"
             )
+        node_key_id = key_id(delegation.node_key)
+        if node_key_id in self.revoked:
+            raise BadDelegationError(
+                f"key {node_key_id.hex()} is revoked; its delegation is refused"
+            )
+        who = operator.name or operator.public.key_id.hex()
         if not operator.public.verify(
             delegation.operator_signature, delegation_message(delegation)
         ):
             raise BadDelegationError(
-                f"operator signature of {operator.name or operator.public.key_id.hex()} "
-                f"on the delegation of key {key_id(delegation.node_key).hex()} does not verify"
+                f"operator signature of {who} "
+                f"on the delegation of key {node_key_id.hex()} does not verify"
             )
+        if operator.scope is not None:
+            outside = operator.scope.outside(delegation)
+            if outside is not None:
+                raise BadDelegationError(
+                    f"delegation of key {node_key_id.hex()} by {who}: {outside} is "
+                    "outside operator scope"
+                )
         try:
             node = PublicKey.from_bytes(delegation.node_key)
         except KeyFormatError as exc:
@@ -259,18 +346,29 @@ class TrustStore:
     # ---- the trust file --------------------------------------------------------------
 
     def to_json(self) -> JSON:
-        return {
+        operators: list[JSON] = []
+        for o in self.operators.values():
+            op: dict[str, JSON] = {
+                "name": o.name,
+                "public_key": o.public.raw.hex(),
+                "key_id": o.public.key_id.hex(),
+            }
+            if o.scope is not None:
+                op["scope"] = o.scope.to_json()
+            operators.append(op)
+        out: dict[str, JSON] = {
             "format": TRUST_FORMAT,
-            "operators": [
-                {"name": o.name, "public_key": o.public.raw.hex(), "key_id": o.public.key_id.hex()}
-                for o in self.operators.values()
-            ],
+            "operators": operators,
             "delegations": [delegation_to_json(a.delegation) for a in self.authorisations.values()],
         }
+        if self.revoked:
+            out["revoked_keys"] = sorted(k.hex() for k in self.revoked)
+        return out
 
     @classmethod
     def from_json(cls, obj: JSON) -> TrustStore:
-        """Load a trust file; every delegation's operator signature is checked here.
+        """Load a trust file; every delegation's operator signature (and scope) is checked
+        here. A delegation of a key in `revoked_keys` is left out: revocation wins.
         Anything else than the documented shape raises `TrustFileError` naming the field."""
         if not isinstance(obj, dict) or obj.get("format") != TRUST_FORMAT:
             raise TrustFileError(f'a trust file is a JSON object with "format": "{TRUST_FORMAT}"')
@@ -285,15 +383,29 @@ class TrustStore:
             name = op.get("name", "")
             if not isinstance(name, str):
                 raise TrustFileError(f"{where}: name is {_shown(name)}, not a string")
+            scope = _operator_scope(op["scope"], f"{where}: scope") if "scope" in op else None
             try:
-                store = store.with_operator(public, name)
+                store = store.with_operator(public, name, scope)
             except KeyFormatError as exc:
                 raise TrustFileError(f"{where}: public_key: {exc}") from None
             if "key_id" in op and op["key_id"] != key_id(public).hex():
                 raise TrustFileError(f"{where}: key_id does not match public_key")
+        revoked = []
+        for i, text in enumerate(_list(obj, "revoked_keys")):
+            raw = _hex(text, f"revoked_keys[{i}]")
+            if len(raw) != KEY_ID_LEN:
+                raise TrustFileError(
+                    f"revoked_keys[{i}] {_shown(text)} is {len(raw)} bytes, "
+                    f"a key id is {KEY_ID_LEN}"
+                )
+            revoked.append(raw)
+        store = store.without_keys(revoked)
         for i, item in enumerate(_list(obj, "delegations")):
             try:
-                store = store.with_delegation(delegation_from_json(item))
+                delegation = delegation_from_json(item)
+                if key_id(delegation.node_key) in store.revoked:
+                    continue
+                store = store.with_delegation(delegation)
             except (CodecError, TrustFileError) as exc:
                 raise TrustFileError(f"delegations[{i}]: {exc}") from None
         return store
@@ -397,6 +509,25 @@ _DELEGATION_FIELDS = (
     "addresses",
     "operator_signature",
 )
+
+
+def _operator_scope(obj: JSON, where: str) -> OperatorScope:
+    """An operator's "scope": {"cs_ids": [...], "routes": [...], "addresses": [...]}."""
+    if not isinstance(obj, dict):
+        raise TrustFileError(f"{where} is {_shown(obj)}, not a JSON object")
+    missing = [name for name in ("cs_ids", "routes", "addresses") if name not in obj]
+    if missing:
+        raise TrustFileError(f"{where} lacks {', '.join(missing)}")
+    at = f"{where}: "
+    cs_ids = [_int(c, f"{at}cs_ids[{i}]") for i, c in enumerate(_list(obj, "cs_ids", at))]
+    nets = {
+        name: [_network(t, f"{at}{name}[{i}]") for i, t in enumerate(_list(obj, name, at))]
+        for name in ("routes", "addresses")
+    }
+    try:
+        return OperatorScope.of(cs_ids=cs_ids, routes=nets["routes"], addresses=nets["addresses"])
+    except ValueError as exc:
+        raise TrustFileError(f"{where}: {exc}") from None
 
 
 def _network(value: JSON, what: str) -> IPNetwork:
