@@ -29,7 +29,7 @@ from typing import Any, Self
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 READ_TIMEOUT_S = 10.0  # one request (line, headers, body) must arrive within this
-MAX_HANDLERS = 256  # connections served at once; one more is answered 503
+MAX_HANDLERS = 512  # connections served at once (twice the listen backlog daemons use)
 
 _BUSY_BODY = b'{"error": "server busy: too many connections, try again"}'
 _BUSY_REPLY = (
