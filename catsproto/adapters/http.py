@@ -149,6 +149,11 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             self._slots.release()  # no thread took the slot
             raise
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line on stderr, not a traceback: a peer that hangs up mid-answer is common."""
+        exc = sys.exc_info()[1]
+        print(f"http: {client_address}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
