@@ -16,6 +16,11 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
     GET  /stale     stale hits the instances reported for proxied requests
     GET  /health
 
+The decision's detail (cached-block counts, estimates, runner-up, explanation) would
+tell anyone who guesses a prompt whether it is cached, so it goes only to callers with
+the API token (``--api-token-file``; ``Authorization: Bearer TOKEN``, others get 401);
+a daemon started without one answers everybody with the choice alone (`public_answer`).
+
 Three small parts, each testable alone:
 
 * `RibFeed` keeps a `selector.RIB` in step with the receiver's ``rib.json`` (what the
