@@ -71,6 +71,7 @@ def replay(args: argparse.Namespace) -> int:
     requests = [r for r in read_trace(args.trace) if r.timestamp_ms < horizon_ms]
     records: list[dict[str, Any]] = []
     lock = threading.Lock()
+    token = Path(args.api_token_file).read_text().strip() if args.api_token_file else None
 
     def one(i: int, due: float) -> None:
         req = requests[i]
@@ -78,7 +79,7 @@ def replay(args: argparse.Namespace) -> int:
         sent = time.monotonic()
         rec: dict[str, Any] = {"i": i, "late_ms": round(1000 * (sent - due), 3)}
         try:
-            status, answer = post_json(args.api + "/generate", body, timeout=120)
+            status, answer = post_json(args.api + "/generate", body, timeout=120, token=token)
         except OSError as exc:
             status, answer = 0, f"{type(exc).__name__}: {exc}"
         rec["ms"] = round(1000 * (time.monotonic() - sent), 3)
@@ -199,6 +200,8 @@ def lab_run(interval: float, args: argparse.Namespace, trace: Path) -> dict[str,
                 "replay",
                 "--api",
                 flows.api_url(lab),
+                "--api-token-file",
+                str(flows.api_token_file(lab)),
                 "--trace",
                 str(trace),
                 "--seconds",
@@ -282,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "replay":
         r = argparse.ArgumentParser(prog="stale_hits.py replay")
         r.add_argument("--api", required=True)
+        r.add_argument("--api-token-file", help="the API's bearer token (whole decisions)")
         r.add_argument("--trace", required=True)
         r.add_argument("--seconds", type=float, required=True)
         r.add_argument("--compression", type=float, required=True)

@@ -108,7 +108,19 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     lab.wait_for(evicted, 10, "the conversation pushed out of X's cache, more queued")
     assert _claimed_at_x(lab) == 24  # the selector has not heard of it yet
     result = flows.run_client(
-        lab, ["client", "--api", flows.api_url(lab), "--site", "3", "--repeat", "0", "--proxy"]
+        lab,
+        [
+            "client",
+            "--api",
+            flows.api_url(lab),
+            "--api-token-file",
+            str(flows.api_token_file(lab)),
+            "--site",
+            "3",
+            "--repeat",
+            "0",
+            "--proxy",
+        ],
     )
     answered = time.monotonic() - heard
     steering, reply = result["proxied"]["reply"]["steering"], result["proxied"]["reply"]["reply"]

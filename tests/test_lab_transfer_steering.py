@@ -101,7 +101,19 @@ def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
         flows.Capture(lab, "c1-c2", "tcp port 7470", node="c1") as off_path,
     ):
         result = flows.run_client(
-            lab, ["client", "--api", flows.api_url(lab), "--site", "3", "--repeat", "0", "--proxy"]
+            lab,
+            [
+                "client",
+                "--api",
+                flows.api_url(lab),
+                "--api-token-file",
+                str(flows.api_token_file(lab)),
+                "--site",
+                "3",
+                "--repeat",
+                "0",
+                "--proxy",
+            ],
         )
     proxied = result["proxied"]
     steering, reply = proxied["reply"]["steering"], proxied["reply"]["reply"]

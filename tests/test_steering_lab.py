@@ -63,6 +63,8 @@ def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(
                 "client",
                 "--api",
                 flows.api_url(lab),
+                "--api-token-file",
+                str(flows.api_token_file(lab)),
                 "--site",
                 "3",
                 "--repeat",

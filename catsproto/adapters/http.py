@@ -1,24 +1,188 @@
 """A stdlib HTTP server on a background thread, shared by the modelled instance and the
-steering API (one thread per request; the handler class comes from the caller)."""
+steering API (one thread per connection; the handler class comes from the caller).
+
+Strategy. A peer must not be able to hold the server by being slow or many. Two bounds,
+both here so every server built on `BackgroundHTTPServer` has them:
+
+* at most `max_handlers` connections are served at once; one more is answered
+  ``503`` with ``Connection: close`` by the accepting thread (a non-blocking send of a
+  fixed reply) and closed, without a thread of its own;
+* each request, request line and headers and body, must arrive within one deadline
+  (`READ_TIMEOUT_S`) of the moment the handler starts waiting for it: every read from
+  the socket gets only the time left, so trickling one byte at a time does not extend
+  it. A keep-alive connection that sends no next request is closed at the same deadline.
+
+Both are counted in `HTTPStats` (``server.httpd.stats``), which the daemons show.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import socket
+import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from typing import Any, Self
+
+MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
+READ_TIMEOUT_S = 10.0  # one request (line, headers, body) must arrive within this
+MAX_HANDLERS = 512  # connections served at once (twice the listen backlog daemons use)
+
+_BUSY_BODY = b'{"error": "server busy: too many connections, try again"}'
+_BUSY_REPLY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: "
+    + str(len(_BUSY_BODY)).encode()
+    + b"\r\nConnection: close\r\n\r\n"
+    + _BUSY_BODY
+)
+
+
+@dataclass
+class HTTPStats:
+    """What the server refused or cut short, counted across its handler threads."""
+
+    busy_refused: int = 0  # connections answered 503: all handlers were taken
+    deadline_expired: int = 0  # requests (or idle keep-alives) dropped at the deadline
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def to_json(self) -> dict[str, int]:
+        with self._lock:
+            return {"busy_refused": self.busy_refused, "deadline_expired": self.deadline_expired}
+
+
+class _DeadlineSocketReader(io.RawIOBase):
+    """Raw reads from a connection that never wait past the handler's deadline."""
+
+    def __init__(self, sock: socket.socket, handler: _DeadlineHandler) -> None:
+        self._sock = sock
+        self._handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._handler.deadline - time.monotonic()
+        if left <= 0:
+            self._handler.deadline_passed()
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            self._handler.deadline_passed()
+            raise
+        finally:
+            self._sock.settimeout(self._handler.send_timeout)
+
+
+class _DeadlineHandler(BaseHTTPRequestHandler):
+    """Put in front of the caller's handler class: one deadline per request."""
+
+    server: _BoundedHTTPServer
+    deadline: float = 0.0
+    send_timeout: float = READ_TIMEOUT_S
+    _expired = False
+
+    def setup(self) -> None:
+        super().setup()
+        # sends wait at most the handler's own timeout (else the deadline's length) each
+        self.send_timeout = self.timeout or self.server.request_deadline
+        self.connection.settimeout(self.send_timeout)
+        self.rfile = io.BufferedReader(_DeadlineSocketReader(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        self.deadline = time.monotonic() + self.server.request_deadline
+        self._expired = False
+        super().handle_one_request()
+
+    def deadline_passed(self) -> None:
+        self.close_connection = True
+        if not self._expired:  # once per request, however many reads notice it
+            self._expired = True
+            self.server.stats.count("deadline_expired")
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_handlers: int,
+        request_deadline: float,
+    ) -> None:
+        if max_handlers < 1:
+            raise ValueError(f"max_handlers must be at least 1, got {max_handlers}")
+        if not request_deadline > 0:
+            raise ValueError(f"request deadline must be positive, got {request_deadline}")
+        self.stats = HTTPStats()
+        self.max_handlers = max_handlers
+        self.request_deadline = request_deadline
+        self._slots = threading.BoundedSemaphore(max_handlers)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.stats.count("busy_refused")
+            try:
+                request.setblocking(False)
+                request.send(_BUSY_REPLY)
+                request.shutdown(socket.SHUT_WR)
+                while request.recv(65536):  # what has arrived, so the close sends no reset
+                    pass
+            except OSError:
+                pass  # nothing more to read now, or gone already: closing says enough
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread took the slot
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line on stderr, not a traceback: a peer that hangs up mid-answer is common."""
+        exc = sys.exc_info()[1]
+        print(f"http: {client_address}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class BackgroundHTTPServer:
-    def __init__(self, handler: type[BaseHTTPRequestHandler], host: str, port: int):
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+    def __init__(
+        self,
+        handler: type[BaseHTTPRequestHandler],
+        host: str,
+        port: int,
+        *,
+        max_handlers: int = MAX_HANDLERS,
+        request_deadline: float = READ_TIMEOUT_S,
+    ):
+        bounded = type(handler.__name__, (_DeadlineHandler, handler), {})
+        self.httpd = _BoundedHTTPServer((host, port), bounded, max_handlers, request_deadline)
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
+
+    @property
+    def stats(self) -> HTTPStats:
+        return self.httpd.stats
 
     def start(self) -> Self:
         self._thread.start()
@@ -27,10 +191,6 @@ class BackgroundHTTPServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
-READ_TIMEOUT_S = 10.0  # a client that stops sending mid-body is dropped after this
 
 
 class BodyError(Exception):
@@ -44,7 +204,8 @@ class BodyError(Exception):
 def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -> object:
     """The request's JSON body (None when empty), read by its Content-Length, which must
     be a decimal count within `max_bytes`; a body that is short (the read times out),
-    not UTF-8 or not JSON raises `BodyError`, never anything else."""
+    not UTF-8, not JSON or nested deeper than the parser's recursion limit raises
+    `BodyError`, never anything else."""
     raw_length = handler.headers.get("Content-Length", "0").strip()
     if not raw_length.isdigit():
         raise BodyError(400, f"Content-Length {raw_length[:40]!r} is not a byte count")
@@ -60,8 +221,13 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -
     if not raw:
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BodyError(400, f"body is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
     except ValueError as exc:  # JSONDecodeError, and numbers Python cannot hold
         raise BodyError(400, f"body is not JSON: {exc}") from None
+    except RecursionError:  # the parser counts its nesting against Python's limit
+        limit = sys.getrecursionlimit()
+        raise BodyError(400, f"body: arrays/objects nest deeper than about {limit}") from None

@@ -57,10 +57,16 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import zmq
 
 from catsproto import wire
-from catsproto.adapters.http import BackgroundHTTPServer
+from catsproto.adapters.http import (
+    READ_TIMEOUT_S,
+    BackgroundHTTPServer,
+    BodyError,
+    read_json_body,
+)
 from catsproto.adapters.metrics import (
     CONTENT_TYPE,
     HitCounter,
@@ -128,6 +134,21 @@ def mooncake_tokens(hash_id: int, block_size: int) -> list[int]:
     """Synthetic token ids for a Mooncake block (the trace publishes none)."""
     base = hash_id * block_size
     return [(base + j) % _TOKEN_SPACE for j in range(block_size)]
+
+
+def mooncake_block_keys(keyer: BlockKeyer, hash_ids: Sequence[int]) -> np.ndarray:
+    """The block keys of a Mooncake prompt: ``keyer.block_keys`` of the concatenated
+    `mooncake_tokens` of its hash ids, chained one block at a time, so memory stays one
+    block however many ids a request names (the token list would be ids x block size)."""
+    bs = keyer.block_size
+    offsets = np.arange(bs, dtype=np.int64)
+    keys = np.empty(len(hash_ids), dtype=np.uint64)
+    previous = 0
+    for i, h in enumerate(hash_ids):
+        # (h*bs + j) mod M == ((h*bs mod M) + j) mod M, and both terms stay in int64
+        previous = keyer.chain(previous, (offsets + (h * bs) % _TOKEN_SPACE) % _TOKEN_SPACE)
+        keys[i] = previous
+    return keys
 
 
 @dataclass(frozen=True)
@@ -717,11 +738,17 @@ class InstanceServer(BackgroundHTTPServer):
     """HTTP front of an engine and (optionally) its node agent."""
 
     def __init__(
-        self, engine: ModelledEngine, node: NodeAgent | None, host: str = "127.0.0.1", port: int = 0
+        self,
+        engine: ModelledEngine,
+        node: NodeAgent | None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        request_deadline: float = READ_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.node = node
-        super().__init__(_handler(self), host, port)
+        super().__init__(_handler(self), host, port, request_deadline=request_deadline)
         self.httpd.socket.listen(256)  # bursts from a steering proxy; the stdlib's is 5
 
     def close(self) -> None:
@@ -765,12 +792,15 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": f"no {self.path}"})
                 return
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"null")
+                body = read_json_body(self)
                 if not isinstance(body, dict):
                     raise PromptError("the body must be a JSON object")
                 result = server.engine.submit(body, timeout=600)
-            except (PromptError, json.JSONDecodeError, ValueError) as exc:
+            except BodyError as exc:
+                self.close_connection = True  # what follows on the stream is unknown
+                self._json(exc.status, {"error": str(exc)})
+                return
+            except (PromptError, ValueError) as exc:
                 self._json(400, {"error": str(exc)})
                 return
             self._json(200, result)

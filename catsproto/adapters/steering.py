@@ -16,6 +16,11 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
     GET  /stale     stale hits the instances reported for proxied requests
     GET  /health
 
+The decision's detail (cached-block counts, estimates, runner-up, explanation) would
+tell anyone who guesses a prompt whether it is cached, so it goes only to callers with
+the API token (``--api-token-file``; ``Authorization: Bearer TOKEN``, others get 401);
+a daemon started without one answers everybody with the choice alone (`public_answer`).
+
 Three small parts, each testable alone:
 
 * `RibFeed` keeps a `selector.RIB` in step with the receiver's ``rib.json`` (what the
@@ -49,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import hmac
 import http.client
 import ipaddress
 import json
@@ -67,8 +73,14 @@ import numpy as np
 
 from catsproto import wire
 from catsproto.adapters.collector import DecisionCollector
-from catsproto.adapters.http import READ_TIMEOUT_S, BackgroundHTTPServer, BodyError, read_json_body
-from catsproto.adapters.instance import mooncake_tokens
+from catsproto.adapters.http import (
+    MAX_HANDLERS,
+    READ_TIMEOUT_S,
+    BackgroundHTTPServer,
+    BodyError,
+    read_json_body,
+)
+from catsproto.adapters.instance import mooncake_block_keys
 from catsproto.adapters.stop import StopSignal
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
@@ -88,6 +100,8 @@ RACY_NS = 2_000_000_000  # file timestamps may be this coarse (a kernel tick, a 
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
 LISTEN_BACKLOG = 256
+MIN_TOKEN_CHARS = 16  # an API token shorter than this is refused at start
+DEFAULT_MAX_BLOCKS = 1 << 16  # blocks one request may name (SteeringConfig.max_blocks)
 
 
 class SteeringError(ValueError):
@@ -113,6 +127,12 @@ class SteeringConfig:
     # work sent since an instance's advertisement: "count" in full until an advertisement
     # counts it, or "drain" at the advertised rate (when this C-PS alone steers there)
     pending: str = "count"
+    # the most blocks one request may name (keys, hash ids, or full blocks of token ids)
+    max_blocks: int = DEFAULT_MAX_BLOCKS
+
+    def __post_init__(self) -> None:
+        if type(self.max_blocks) is not int or self.max_blocks < 1:
+            raise ValueError(f"max_blocks must be a positive integer, got {self.max_blocks!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +149,7 @@ class SteeringConfig:
             "netns": self.netns,
             "transfer_port": self.transfer_port,
             "pending": self.pending,
+            "max_blocks": self.max_blocks,
         }
 
     @classmethod
@@ -147,6 +168,7 @@ class SteeringConfig:
             netns=obj.get("netns"),
             transfer_port=int(obj.get("transfer_port", TRANSFER_PORT)),
             pending=str(obj.get("pending", "count")),
+            max_blocks=obj.get("max_blocks", DEFAULT_MAX_BLOCKS),
         )
 
 
@@ -427,6 +449,7 @@ class SteeringService:
     selector: PathSelector = field(init=False)
     decisions: int = 0
     bad_requests: int = 0  # answered 4xx: the client's body or fields
+    unauthorised: int = 0  # answered 401: a missing or wrong API token
     internal_errors: int = 0  # answered 500
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
     # garbage collected between decisions (the daemon's; None: CPython's own collector)
@@ -444,26 +467,36 @@ class SteeringService:
         self._lock = threading.Lock()
 
     def request(self, body: dict[str, Any]) -> Request:
-        """The selector's request from an API body (CS-ID and block keys or token ids)."""
+        """The selector's request from an API body (CS-ID and block keys or token ids).
+        A prompt of more blocks than `block_limit` is refused before anything is keyed."""
         cs_id = body.get("cs_id")
         if not _is_uint(cs_id, 0xFFFFFFFF):
             raise SteeringError("cs_id must be an integer in 0..4294967295")
+        bs, limit = self.config.block_size, self.block_limit
         if "prompt_token_ids" in body:
             tokens = body["prompt_token_ids"]
             if not isinstance(tokens, list) or not all(_is_uint(t, 0xFFFFFFFF) for t in tokens):
                 raise SteeringError("prompt_token_ids must be a list of u32 token ids")
+            if len(tokens) // bs > limit:
+                raise SteeringError(
+                    f"prompt_token_ids: {len(tokens)} tokens are {len(tokens) // bs} blocks, "
+                    f"over the limit of {limit}"
+                )
             keys = np.array(self.keyer.block_keys(tokens), dtype=np.uint64)
             length = body.get("prompt_tokens", len(tokens))
         elif "block_keys" in body:
-            keys = _block_keys(body["block_keys"])
-            length = body.get("prompt_tokens", len(keys) * self.config.block_size)
+            raw = body["block_keys"]
+            if isinstance(raw, list) and len(raw) > limit:
+                raise SteeringError(f"block_keys: {len(raw)} keys, over the limit of {limit}")
+            keys = _block_keys(raw)
+            length = body.get("prompt_tokens", len(keys) * bs)
         elif "hash_ids" in body:  # Mooncake: the instance's synthetic tokens, keyed alike
             ids = body["hash_ids"]
+            if isinstance(ids, list) and len(ids) > limit:
+                raise SteeringError(f"hash_ids: {len(ids)} ids, over the limit of {limit} blocks")
             if not isinstance(ids, list) or not all(_is_uint(i, (1 << 63) - 1) for i in ids):
                 raise SteeringError("hash_ids must be a list of non-negative integers")
-            bs = self.config.block_size
-            tokens = [t for h in ids for t in mooncake_tokens(h, bs)]
-            keys = np.array(self.keyer.block_keys(tokens), dtype=np.uint64)
+            keys = mooncake_block_keys(self.keyer, ids)
             length = body.get("input_length")
         else:
             raise SteeringError(
@@ -473,6 +506,12 @@ class SteeringService:
         if not _is_uint(length, MAX_PROMPT_TOKENS):
             raise SteeringError(f"prompt_tokens must be an integer in 0..{MAX_PROMPT_TOKENS}")
         return Request(cs_id, keys, length, self.config.ingress)
+
+    @property
+    def block_limit(self) -> int:
+        """The most blocks a request may name: the configured `max_blocks`, and never more
+        than a prompt of MAX_PROMPT_TOKENS tokens has."""
+        return min(self.config.max_blocks, MAX_PROMPT_TOKENS // self.config.block_size)
 
     def decide(self, body: dict[str, Any], *, install: bool = True) -> dict[str, Any]:
         request = self.request(body)
@@ -500,6 +539,7 @@ class SteeringService:
             "decisions": self.decisions,
             "bad_requests": self.bad_requests,
             "internal_errors": self.internal_errors,
+            "unauthorised": self.unauthorised,
             "bad_rib_routes": self.feed.bad_routes,
         }
 
@@ -627,13 +667,50 @@ def _outcome(reply: dict[str, Any]) -> Outcome | None:
     return Outcome(expected, min(expected, cached) if stale else expected, blocks)
 
 
-def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
-    """POST JSON on a fresh connection; (status, decoded body)."""
+# what a caller without an API token is told of a decision: where to go, nothing of how
+# many blocks any instance holds for the prompt (that would answer "is this prompt
+# cached?" for anyone who can guess one, which keyed block keys exist to prevent)
+PUBLIC_FIELDS = ("instance", "url", "site", "path", "route", "decision_ms", "install_ms")
+WITHHELD_NOTE = (
+    "no API token configured: cached-block counts, estimates, runner-up and explanation "
+    "are withheld (start the daemon with --api-token-file to serve them to token holders)"
+)
+
+
+def public_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """A decision as a caller without a token gets it: the choice only, and why not more."""
+    out = {k: answer[k] for k in PUBLIC_FIELDS if k in answer}
+    out["withheld"] = WITHHELD_NOTE
+    return out
+
+
+def read_api_token(path: str | Path) -> bytes:
+    """The API token in a file (surrounding whitespace stripped): at least 16 characters
+    of printable ASCII, the form a bearer token takes in an HTTP header."""
+    text = Path(path).read_text(encoding="ascii", errors="replace").strip()
+    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in text):
+        raise ValueError(
+            f"API token file {path}: {len(text)} characters; need at least "
+            f"{MIN_TOKEN_CHARS} printable ASCII characters without spaces"
+        )
+    return text.encode("ascii")
+
+
+def post_json(
+    url: str, body: Any, timeout: float = 60.0, token: str | bytes | None = None
+) -> tuple[int, Any]:
+    """POST JSON on a fresh connection, with ``Authorization: Bearer TOKEN`` when given a
+    token; (status, decoded body)."""
     parsed = http.client.urlsplit(url)
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = "Bearer " + (
+            token.decode("ascii") if isinstance(token, bytes) else token
+        )
     try:
         data = json.dumps(body).encode()
-        conn.request("POST", parsed.path or "/", data, {"Content-Type": "application/json"})
+        conn.request("POST", parsed.path or "/", data, headers)
         resp = conn.getresponse()
         raw = resp.read()
     except http.client.HTTPException as exc:  # a broken answer: not an OSError
@@ -650,7 +727,11 @@ def post_json(url: str, body: Any, timeout: float = 60.0) -> tuple[int, Any]:
 
 
 class SteeringServer(BackgroundHTTPServer):
-    """The request API over HTTP (stdlib server, one thread per request)."""
+    """The request API over HTTP (stdlib server, one thread per connection, at most
+    `max_handlers` at once, each request within `read_timeout` seconds). With an
+    `api_token`, POST /decide and /generate take only callers that send it as a bearer
+    token (others get 401) and answer the whole decision; without one, they answer
+    everyone with `public_answer`."""
 
     def __init__(
         self,
@@ -658,27 +739,42 @@ class SteeringServer(BackgroundHTTPServer):
         host: str = "127.0.0.1",
         port: int = 0,
         read_timeout: float = READ_TIMEOUT_S,
+        *,
+        api_token: bytes | None = None,
+        max_handlers: int = MAX_HANDLERS,
     ):
         self.service = service
-        super().__init__(_handler(service, read_timeout), host, port)
+        super().__init__(
+            _handler(service, read_timeout, api_token),
+            host,
+            port,
+            max_handlers=max_handlers,
+            request_deadline=read_timeout,
+        )
         # a trace's burst of simultaneous requests must not overflow the stdlib's
         # listen backlog of 5 (Linux takes a second listen() as a new backlog)
         self.httpd.socket.listen(LISTEN_BACKLOG)
 
 
-def _handler(service: SteeringService, read_timeout: float) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    service: SteeringService, read_timeout: float, api_token: bytes | None
+) -> type[BaseHTTPRequestHandler]:
+    expected = b"Bearer " + api_token if api_token is not None else None
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # keep-alive replies must not wait for the client's delayed ACK (~40 ms)
         disable_nagle_algorithm = True
-        timeout = read_timeout  # a client that stops mid-request is dropped
+        timeout = read_timeout  # per send; the server bounds each request's reads
 
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-        def _json(self, status: int, obj: Any) -> None:
+        def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
             body = json.dumps(obj).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -693,22 +789,38 @@ def _handler(service: SteeringService, read_timeout: float) -> type[BaseHTTPRequ
                 with service._lock:
                     self._json(200, service.ledger.to_json())
             elif self.path == "/health":
-                self._json(200, service.health())
+                self._json(200, {**service.health(), "http": self.server.stats.to_json()})  # type: ignore[attr-defined]
             else:
                 self._json(404, {"error": f"no {self.path}"})
+
+        def _authorised(self) -> bool:
+            """True if the caller sent the configured token (compared in constant time)."""
+            sent = self.headers.get("Authorization", "").strip().encode("latin-1", "replace")
+            return expected is not None and hmac.compare_digest(sent, expected)
 
         def do_POST(self) -> None:
             if self.path not in ("/decide", "/generate"):
                 self._json(404, {"error": f"no {self.path}"})
+                return
+            full = expected is not None and self._authorised()
+            if expected is not None and not full:
+                service.unauthorised += 1
+                self.close_connection = True  # the body is left unread
+                error = {"error": "missing or wrong API token (Authorization: Bearer TOKEN)"}
+                self._json(401, error, {"WWW-Authenticate": 'Bearer realm="steering"'})
                 return
             try:
                 body = read_json_body(self)
                 if not isinstance(body, dict):
                     raise SteeringError("the body must be a JSON object")
                 if self.path == "/decide":
-                    self._json(200, service.decide(body))
+                    answer = service.decide(body)
+                    self._json(200, answer if full else public_answer(answer))
                 else:
-                    self._json(200, service.generate(body))
+                    answer = service.generate(body)
+                    if not full:
+                        answer = {**answer, "steering": public_answer(answer["steering"])}
+                    self._json(200, answer)
             except BodyError as exc:
                 service.bad_requests += 1
                 self.close_connection = True  # what follows on the stream is unknown
@@ -735,7 +847,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="SteeringConfig as JSON")
     p.add_argument("--listen", action="append", default=[], help="ADDRESS:PORT (repeatable)")
     p.add_argument("--ready", help="file written with the API URLs once listening")
+    p.add_argument(
+        "--api-token-file",
+        help="file holding the bearer token POST /decide and /generate require; without "
+        "it they answer anyone, but only the chosen instance (no cached-block counts)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_HANDLERS,
+        help=f"connections served at once per listener; more get 503 (default {MAX_HANDLERS})",
+    )
     args = p.parse_args(argv)
+    if args.max_connections < 1:
+        p.error(f"--max-connections must be at least 1, got {args.max_connections}")
+    token = None
+    if args.api_token_file:
+        try:
+            token = read_api_token(args.api_token_file)
+        except (OSError, ValueError) as exc:
+            p.error(f"--api-token-file: {exc}")
     try:
         config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
         forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
@@ -749,7 +880,10 @@ def main(argv: list[str] | None = None) -> int:
     servers = []
     for listen in args.listen or [f"127.0.0.1:{DEFAULT_PORT}"]:
         host, _, port = listen.rpartition(":")
-        servers.append(SteeringServer(service, host, int(port)).start())
+        server = SteeringServer(
+            service, host, int(port), api_token=token, max_handlers=args.max_connections
+        )
+        servers.append(server.start())
     stop = StopSignal()  # before the ready file: a stop right after it shuts down cleanly
     if args.ready:
         tmp = Path(args.ready + ".tmp")

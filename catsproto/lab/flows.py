@@ -11,6 +11,10 @@ decision latency through the API and the time until an instance answers the pref
 (time to first token) — once steered, and once sent straight to the nearest site's
 instance for comparison. `Capture` runs tcpdump on one link end, by PID.
 
+The API runs with a bearer token (`--api-token-file`, a fresh random token per start,
+in the ingress's run directory): the lab's clients read it from there and get whole
+decisions; a caller without it gets 401 (docs/steering.md, "Who may ask").
+
 There is no netem in the lab machines' kernel, so link delays are not applied: the TTFT
 a client measures is prefill (and queue) time plus sub-millisecond forwarding.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import subprocess
 import sys
 import time
@@ -104,13 +110,24 @@ def api_url(lab: Lab) -> str:
     return f"http://{address}:{STEERING_PORT}"
 
 
+def api_token_file(lab: Lab) -> Path:
+    """The file holding the steering API's bearer token (written by `start_steering`)."""
+    return lab.node_dir(ingress_node(lab.topology)) / "steering.token"
+
+
 def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
-    """The steering API in the ingress's namespace, on its client-facing address."""
+    """The steering API in the ingress's namespace, on its client-facing address, taking
+    a fresh bearer token (`api_token_file`)."""
     ingress = ingress_node(lab.topology)
     _, _, address = client_link(lab.topology, ingress)
     d = lab.node_dir(ingress)
     conf = d / "steering.json"
     conf.write_text(json.dumps(steering_config(lab).to_json()))
+    token = api_token_file(lab)
+    token.unlink(missing_ok=True)
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
     ready = d / "steering.ready"
     ready.unlink(missing_ok=True)
     argv = [
@@ -123,9 +140,12 @@ def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
         f"{address}:{STEERING_PORT}",
         "--ready",
         str(ready),
+        "--api-token-file",
+        str(token),
     ]
     proc = lab.handle.start(ingress, "steering", argv)
-    lab.handle.state.info["steering"] = {"url": f"http://{address}:{STEERING_PORT}"}
+    url = f"http://{address}:{STEERING_PORT}"
+    lab.handle.state.info["steering"] = {"url": url, "token_file": str(token)}
     lab.handle.save()
     lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "steering API")
     if not ready.exists():
@@ -192,9 +212,9 @@ class Capture:
 # ---- the client (runs in the client host's namespace) ---------------------------------
 
 
-def _timed_generate(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _timed_generate(url: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
-    status, reply = post_json(url + "/generate", body, timeout=120)
+    status, reply = post_json(url + "/generate", body, timeout=120, token=token)
     ttft = 1000 * (time.perf_counter() - started)
     if status != 200:
         raise SystemExit(f"{url} answered {status}: {reply}")
@@ -209,13 +229,15 @@ def client_main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=3, help="steered requests")
     p.add_argument("--compare", action="append", default=[], help="instance URL to compare")
     p.add_argument("--proxy", action="store_true", help="also once through POST /generate")
+    p.add_argument("--api-token-file", help="the API's bearer token (whole decisions)")
     args = p.parse_args(argv)
+    token = Path(args.api_token_file).read_text().strip() if args.api_token_file else None
     tokens = demo_prompt(args.site)
     body = {"cs_id": args.cs_id, "prompt_token_ids": tokens}
     result: dict[str, Any] = {"prompt_tokens": len(tokens), "decisions": [], "steered": []}
     for _ in range(args.repeat):
         started = time.perf_counter()
-        status, decision = post_json(args.api + "/decide", body, timeout=30)
+        status, decision = post_json(args.api + "/decide", body, timeout=30, token=token)
         api_ms = 1000 * (time.perf_counter() - started)
         if status != 200:
             raise SystemExit(f"steering API answered {status}: {decision}")
@@ -223,7 +245,7 @@ def client_main(argv: list[str]) -> int:
         result["decisions"].append(decision)
         result["steered"].append(_timed_generate(decision["url"], {"prompt_token_ids": tokens}))
     if args.proxy:  # once more through the API's proxy: decide, install, forward
-        result["proxied"] = _timed_generate(args.api, body)
+        result["proxied"] = _timed_generate(args.api, body, token)
     result["nearest"] = [_timed_generate(url, {"prompt_token_ids": tokens}) for url in args.compare]
     json.dump(result, sys.stdout)
     return 0
