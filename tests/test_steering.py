@@ -70,6 +70,7 @@ def _config(rib_file: str) -> SteeringConfig:
         sites=sites,
         next_hops=NEXT_HOPS,
         secret=instances.DEMO_SECRET,
+        secret_id=instances.DEMO_SECRET_ID,
         model_id=instances.MODEL,
         block_size=instances.BLOCK_TOKENS,
         source="10.100.1.1",
@@ -203,3 +204,19 @@ def _get(url: str) -> tuple[int, object]:
         return resp.status, json.loads(resp.read())
     finally:
         conn.close()
+
+
+def test_an_ingress_on_another_keying_secret_credits_no_cache(tmp_path):
+    """The ingress names its key space: instances advertising another secret id (a
+    rotation half done) hold none of its keys, so the nearest site wins, prefilling all."""
+    rib_file = tmp_path / "rib.json"
+    rib_file.write_text(json.dumps(_rib_json(int(time.time() * 1000))))
+    config = dataclasses.replace(
+        _config(str(rib_file)), secret_id=instances.DEMO_SECRET_ID + 1
+    )
+    service = SteeringService(config, Forwarder(NEXT_HOPS, dry_run=True))
+    answer = service.decide({"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)})
+    assert answer["site"] != 3 and answer["chosen"]["cached_blocks"] == 0
+    assert SteeringConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    with pytest.raises(ValueError, match="secret_id"):
+        dataclasses.replace(config, secret_id=-1)

@@ -129,10 +129,22 @@ class SteeringConfig:
     pending: str = "count"
     # the most blocks one request may name (keys, hash ids, or full blocks of token ids)
     max_blocks: int = DEFAULT_MAX_BLOCKS
+    # which keying secret `secret` is (the instances' --secret-id): a request's keys are
+    # matched only against instances advertising this secret, model and key scheme
+    secret_id: int = 0
 
     def __post_init__(self) -> None:
         if type(self.max_blocks) is not int or self.max_blocks < 1:
             raise ValueError(f"max_blocks must be a positive integer, got {self.max_blocks!r}")
+        if type(self.secret_id) is not int or not 0 <= self.secret_id <= 0xFFFFFFFF:
+            raise ValueError(
+                f"secret_id must be an integer in 0..4294967295, got {self.secret_id!r}"
+            )
+
+    @property
+    def key_space(self) -> tuple[str, int, int]:
+        """(model id, key scheme, secret id) of the keys this ingress computes."""
+        return (self.model_id, int(wire.KeyScheme.BLAKE2B64_CHAINED), self.secret_id)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +162,7 @@ class SteeringConfig:
             "transfer_port": self.transfer_port,
             "pending": self.pending,
             "max_blocks": self.max_blocks,
+            "secret_id": self.secret_id,
         }
 
     @classmethod
@@ -169,6 +182,7 @@ class SteeringConfig:
             transfer_port=int(obj.get("transfer_port", TRANSFER_PORT)),
             pending=str(obj.get("pending", "count")),
             max_blocks=obj.get("max_blocks", DEFAULT_MAX_BLOCKS),
+            secret_id=obj.get("secret_id", 0),
         )
 
 
@@ -505,7 +519,7 @@ class SteeringService:
             )
         if not _is_uint(length, MAX_PROMPT_TOKENS):
             raise SteeringError(f"prompt_tokens must be an integer in 0..{MAX_PROMPT_TOKENS}")
-        return Request(cs_id, keys, length, self.config.ingress)
+        return Request(cs_id, keys, length, self.config.ingress, key_space=self.config.key_space)
 
     @property
     def block_limit(self) -> int:

@@ -34,7 +34,14 @@ from typing import Any, Protocol
 from catsproto.adapters import netns
 from catsproto.adapters.steering import DEFAULT_PORT, SteeringConfig, post_json
 from catsproto.lab.errors import LabError
-from catsproto.lab.instances import BLOCK_TOKENS, DEMO_SECRET, INSTANCE_PORT, MODEL, demo_prompt
+from catsproto.lab.instances import (
+    BLOCK_TOKENS,
+    DEMO_SECRET,
+    DEMO_SECRET_ID,
+    INSTANCE_PORT,
+    MODEL,
+    demo_prompt,
+)
 from catsproto.lab.steering import network_from_topology, rate_mbps
 from catsproto.lab.topology import Topology
 from catsproto.selector import Link
@@ -97,6 +104,7 @@ def steering_config(lab: Lab, *, netns_name: str | None = None) -> SteeringConfi
         sites=sites,
         next_hops=next_hops,
         secret=DEMO_SECRET,
+        secret_id=DEMO_SECRET_ID,
         model_id=MODEL,
         block_size=BLOCK_TOKENS,
         source=source,

@@ -67,6 +67,7 @@ PATH_MARGIN_HOPS = 8  # AS_PATH room for this many ASes on the way to the select
 BIRD_RESERVE = 1000
 # Lab-only keying secret for block keys (public on purpose: anyone can run the demo).
 DEMO_SECRET = b"catsproto-lab-demo-secret-000001"
+DEMO_SECRET_ID = 1  # advertised in the Cache Model TLV; the steering daemon names it too
 DEMO_PROMPT_BLOCKS = 24
 INSTANCE_PORT = 8100  # every served instance's HTTP port, on its own address
 # Llama-3.1-8B: 32 layers, 8 KV heads of 128, bf16: 64 MiB of KV per 512-token block
@@ -127,7 +128,7 @@ def instance_routes(
     routes: dict[Prefix, bytes] = {spec.csci: finish(csci_adv, spec.csci)}
     shard_base = [
         *_header(spec, sequence, now_ms),
-        wire.CacheModel(MODEL, BLOCK_TOKENS, wire.KeyScheme.BLAKE2B64_CHAINED, 1),
+        wire.CacheModel(MODEL, BLOCK_TOKENS, wire.KeyScheme.BLAKE2B64_CHAINED, DEMO_SECRET_ID),
     ]
     other = len(finish(wire.Advertisement.build(*shard_base), spec.csci))
     budget = (
@@ -315,6 +316,7 @@ class ServedInstance:
                     address=str(spec.address),
                     model_id=MODEL,
                     block_size=BLOCK_TOKENS,
+                    secret_id=DEMO_SECRET_ID,
                     bytes_per_block=kv_bytes,
                     site_id=spec.site_id,
                     max_message_bytes=max_message,

@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from catsproto.lab.faults.harness import RECEIVER, ChaosLab, Result
-from catsproto.lab.instances import BLOCK_TOKENS, DEMO_SECRET, MODEL, demo_prefix_keys
+from catsproto.lab.instances import (
+    BLOCK_TOKENS,
+    DEMO_SECRET,
+    DEMO_SECRET_ID,
+    MODEL,
+    demo_prefix_keys,
+)
 
 PORT = 8080
 THREADS = 4
@@ -164,6 +170,7 @@ def _steering_config(lab: ChaosLab) -> dict:
         "sites": {"1": "s1", "2": "s2"},
         "next_hops": {t: lab.address_of(t, RECEIVER) for t in ("t1", "t2")},
         "secret": DEMO_SECRET.hex(),
+        "secret_id": DEMO_SECRET_ID,
         "model_id": MODEL,
         "block_size": BLOCK_TOKENS,
         "source": None,
