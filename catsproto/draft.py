@@ -204,9 +204,8 @@ def _wire_section(vectors: JSON) -> list[str]:
     out.append(
         "Each of these attribute values MUST be refused. The error class, the offset "
         "(from the first byte of the value) and the TLV type are those this "
-        "implementation reports; the message is its wording. The action is what "
-        "{{errors}} makes of the error: that of the TLV in error, and "
-        "treat-as-withdraw when the error is in no TLV of a known type."
+        "implementation reports; the message is its wording; the action is the "
+        "RFC 7606 action this implementation takes for that error ({{errors}})."
     )
     out.append("")
     for v in vectors["negative"]:
