@@ -198,11 +198,14 @@ def _wire_section(vectors: JSON) -> list[str]:
             raise ValueError(f"vector {v['name']}: attribute framing differs")
         out += [f"### {v['name']} {{#vector-{v['name']}}}", "", v["description"], ""]
         out.append(_art(annotate_attribute(attribute)))
+        for body in v.get("summaries", ()):
+            out += _body_section(v["name"], adv, body)
     out += ["## Malformed Values {#vectors-negative}", ""]
     out.append(
         "Each of these attribute values MUST be refused. The error class, the offset "
         "(from the first byte of the value) and the TLV type are those this "
-        "implementation reports; the message is its wording."
+        "implementation reports; the message is its wording; the action is the "
+        "RFC 7606 action this implementation takes for that error ({{errors}})."
     )
     out.append("")
     for v in vectors["negative"]:
@@ -218,9 +221,145 @@ def _wire_section(vectors: JSON) -> list[str]:
         tlv_type = v["tlv_type"]
         tlv = "none" if tlv_type is None else f"{tlv_type} ({wire.tlv_name(tlv_type)})"
         lines = [f"name:   {v['name']}", f"error:  {v['error']}, offset {v['offset']}, TLV {tlv}"]
+        lines.append(f"action: {v['action']}")
         lines += _wrapped("reason: ", v["message"])
         lines += ["value:"] + ["  " + h for h in wrap_hex(data)]
         out.append(_art(lines))
+    out += _attributes_section(vectors.get("attributes", ()))
+    return out
+
+
+def _attributes_section(vectors: Iterable[JSON]) -> list[str]:
+    vectors = list(vectors)
+    if not vectors:
+        return []
+    out = ["## Attribute Flags {#vectors-flags}", ""]
+    out.append(
+        "Whole path attributes (flags, type 255, length, value), the value being that "
+        "of minimal-ipv4. The Partial bit and an Extended Length bit on a short value "
+        "change nothing and are accepted; an attribute without both the Optional and "
+        "the Transitive bit is refused."
+    )
+    out.append("")
+    for v in vectors:
+        data = bytes.fromhex(v["attribute"])
+        try:
+            attr = wire.decode_attribute(data)
+            wire.decode(attr.value)
+        except wire.CodecError as exc:
+            got: tuple = (False, type(exc).__name__, exc.offset, exc.tlv_type)
+            want: tuple = (v["accepted"], v.get("error"), v.get("offset"), v.get("tlv_type"))
+        else:
+            got = (True, attr.flags, attr.value.hex())
+            want = (v["accepted"], v.get("flags"), v.get("value"))
+        if got != want:
+            raise ValueError(f"attribute vector {v['name']}: codec says {got}")
+        lines = [f"name:   {v['name']}"]
+        if v["accepted"]:
+            lines.append(f"result: accepted, flags {v['flags']:#04x}, value that of minimal-ipv4")
+        else:
+            lines.append(f"result: refused, {v['error']}, offset {v['offset']} (flags octet)")
+            lines.append(f"action: {v['action']}")
+            lines += _wrapped("reason: ", v["message"])
+        lines += ["attribute:"] + ["  " + h for h in wrap_hex(data)]
+        out.append(_art(lines))
+    return out
+
+
+_KIND_NAMES = {1: "exact set", 2: "Bloom filter", 3: "binary fuse filter", 4: "delta"}
+
+
+def _hex_rows(values: Iterable[str], per_line: int = 3, indent: str = "  ") -> list[str]:
+    items = list(values)
+    return [indent + " ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
+
+
+def _body_section(name: str, adv: wire.Advertisement, body: JSON) -> list[str]:
+    """A summary body of a positive vector: decoded params, key set, probes."""
+    from catsproto.summary import Summary
+
+    tier = body["tier"].upper()
+    entry = next(e for e in adv.cache_summaries.entries if e.tier.name == tier)  # type: ignore[union-attr]
+    summary = Summary.decode(int(entry.kind), entry.params, entry.body)
+    if int(entry.kind) != body["kind"]:
+        raise ValueError(f"vector {name}: the {tier} entry is not of kind {body['kind']}")
+    kind = _KIND_NAMES[body["kind"]]
+    anchor = f"vector-{name}-{body['tier']}"
+    out = [f"#### {name}: the {tier} {kind} {{#{anchor}}}", ""]
+    p = body["params"]
+    lines = [f"kind {body['kind']} ({kind}), version {body['version']}, "
+             f"base version {body['base_version']}"]  # fmt: skip
+    if body["kind"] == 3:
+        out.append(
+            "Params decoded, then per probe key x: h0 = h(x, seed, 0) and "
+            "h1 = h(x, seed, 1) ({{hashing}}), the start segment, the arity slots, "
+            "their values, their sum modulo m and the fingerprint; x is a member "
+            "when the last two are equal."
+        )
+        lines += [
+            f"arity {p['arity']}, seg_log2 {p['seg_log2']} (L = {1 << p['seg_log2']}), "
+            f"segments {p['segments']}, slots {p['slots']}",
+            f"m {p['m']}, g {p['g']}, b {p['b']}, seed {p['seed']}",
+        ]
+    elif body["kind"] == 2:
+        out.append(
+            "Params decoded (m is 8 times the body length), then per probe key x: "
+            "h1 = h(x, seed, 0), h2 = h(x, seed, 1) OR 1 ({{hashing}}), the k bit "
+            "positions and the bits found there; x is a member when all are 1."
+        )
+        lines.append(f"k {p['k']}, m {p['m']} bits, seed {p['seed']}")
+    elif body["kind"] == 1:
+        out.append(
+            "The key set (sorted) and its Rice parameter ({{rice}}); a key is a member "
+            "exactly when it is in the set."
+        )
+        lines.append(f"n {len(body['keys'])}, Rice parameter k {body['rice_k'][0]}")
+    else:
+        out.append(
+            f"A delta on version {body['base_version']} of the same stream, the "
+            f"{_KIND_NAMES[body['base_kind']]} of vector {body['base']} "
+            f"({{{{vector-{body['base']}-{body['tier']}}}}}). The added and the removed "
+            "keys with the Rice parameter of each set; then probes against the "
+            "layered view ({{delta}}): a member when added, or when in the base filter "
+            "and not removed (the base filter's hash values are shown)."
+        )
+        lines.append(
+            f"added {len(body['added'])} keys (Rice k {body['rice_k'][0]}), "
+            f"removed {len(body['removed'])} (Rice k {body['rice_k'][1]})"
+        )
+    if "salts" in p:
+        lines.append(f"salt s=0 {p['salts'][0]}  salt s=1 {p['salts'][1]}")
+    out.append("")
+    if body["kind"] == 4:
+        lines += ["added:", *_hex_rows(body["added"])]
+        lines += ["removed:", *_hex_rows(body["removed"])]
+    else:
+        lines += [f"keys ({len(body['keys'])}):", *_hex_rows(body["keys"])]
+    for probe in body["probes"]:
+        lines.append("")
+        key = int(probe["key"], 16)
+        member = "member" if probe["member"] else "not a member"
+        if bool(key in summary if body["kind"] != 4 else probe["member"]) != probe["member"]:
+            raise ValueError(f"vector {name}: probe {probe['key']} answers otherwise")
+        if body["kind"] == 4:
+            where = [w for w, flag in (("added", probe["in_added"]),
+                     ("removed", probe["in_removed"])) if flag]  # fmt: skip
+            base = "in base" if probe["in_base"] else "not in base"
+            lines.append(f"x {probe['key']}: {', '.join([*where, base])} -> {member}")
+        else:
+            lines.append(f"x {probe['key']} -> {member}")
+        if "slots" in probe:
+            lines.append(f"  h0 {probe['h0']}  h1 {probe['h1']}")
+            lines.append(f"  segment {probe['segment']}, slots "
+                         + " ".join(str(i) for i in probe["slots"]))  # fmt: skip
+            values = " ".join(str(i) for i in probe["slot_values"])
+            lines.append(f"  values {values}, sum mod m {probe['sum_mod_m']}, "
+                         f"fingerprint {probe['fingerprint']}")  # fmt: skip
+        elif "positions" in probe:
+            lines.append(f"  h1 {probe['h1']}  h2 {probe['h2']}")
+            lines += _wrapped("  positions ", " ".join(str(i) for i in probe["positions"]))
+            lines.append("  bits " + " ".join(str(i) for i in probe["bits"]))
+    out.append(_art(lines))
     return out
 
 
@@ -325,9 +464,10 @@ def _security_section(vectors: JSON) -> list[str]:
     out += ["### Receiver Verdicts {#vectors-security-verdicts}", ""]
     out.append(
         "Fed in this order to one receiver that trusts the operator key (trust file "
-        "with the delegation above), with the default freshness window (120 s old, 5 s "
-        "ahead); each line gives the route, the receiver's clock and the verdict. A "
-        "value printed in full differs from every advertisement above."
+        "with the delegation above) and holds group key 7, with the default freshness "
+        "window (120 s old, 5 s ahead); each line gives the route, the receiver's "
+        "clock and the verdict. A value printed in full differs from every "
+        "advertisement above."
     )
     out.append("")
     for case in vectors["receive"]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from catsproto.summary import Summary
+from catsproto.summary.delta import DeltaSummary
 from catsproto.wire import (
     Advertisement,
     AeadAlgorithm,
@@ -55,10 +56,27 @@ LLAMA_8B_BYTES_PER_BLOCK = 32 * 8 * 128 * 2 * 2 * 512
 
 
 @dataclass(frozen=True)
+class Body:
+    """What one summary entry of an example was built from, for the body vectors.
+
+    keys: the key set the entry describes (for a delta, the set after applying it).
+    For a delta also the keys it adds and removes and the example (same origin, same
+    tier) whose snapshot is its base.
+    """
+
+    tier: Tier
+    keys: tuple[int, ...]
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+    base: str | None = None
+
+
+@dataclass(frozen=True)
 class Example:
     name: str
     description: str
     advertisement: Advertisement
+    bodies: tuple[Body, ...] = ()
 
 
 def _filler(label: str, n: int) -> bytes:
@@ -120,18 +138,71 @@ def _summary(
     )
 
 
-# Block keys of the one example whose summary body is real (an exact set, kind 1).
+def example_keys(label: str, n: int) -> tuple[int, ...]:
+    """n distinct stand-in block keys, sorted: the first 8 bytes of SHA-256(label/i)."""
+    keys = {int.from_bytes(hashlib.sha256(f"{label}/{i}".encode()).digest()[:8], "big")
+            for i in range(n)}  # fmt: skip
+    assert len(keys) == n
+    return tuple(sorted(keys))
+
+
+# Block keys of the unknown-summary-kind example's exact set (kind 1).
 EXACT_KEYS = (0x0123456789ABCDEF, 0x13579BDF2468ACE0, 0x8899AABBCCDDEEFF, 0xFEDCBA9876543210)
+# The cache-state example's 16 keys (an exact set in HBM; also the security vectors').
+CACHE_KEYS = example_keys("cache-state/hbm", 16)
+# The extended-length example: a fuse filter in HBM, a Bloom filter in DRAM, a fuse
+# filter in SSD, all at a 1 % target; and the fuse-delta example's change to the HBM one.
+FUSE_KEYS = example_keys("extended-length/hbm", 40)
+BLOOM_KEYS = example_keys("extended-length/dram", 24)
+SSD_KEYS = example_keys("extended-length/ssd", 12)
+DELTA_ADDED = example_keys("fuse-delta/added", 3)
+DELTA_REMOVED = FUSE_KEYS[:2]
+SUMMARY_FPR = 0.01
+# Filter seeds: fixed, so the bodies are the same every run.
+SEEDS = {Tier.HBM: 0x00C0FFEE00000001, Tier.DRAM: 0x00C0FFEE00000002, Tier.SSD: 0x00C0FFEE00000003}
 
 
-def _exact_summary(tier: Tier, keys: tuple[int, ...], latency_us: int, mbps: int):
-    summary = Summary.build(np.array(keys, dtype=np.uint64), 0.0, kind=SummaryKind.EXACT)
+def _real_summary(
+    tier: Tier, kind: SummaryKind, keys: tuple[int, ...], latency_us: int, mbps: int,
+    version: int = 3,
+) -> SummaryEntry:  # fmt: skip
+    """An entry whose params and body are a real summary of `keys`, built by the code."""
+    fpr = 0.0 if kind == SummaryKind.EXACT else SUMMARY_FPR
+    summary = Summary.build(np.array(keys, dtype=np.uint64), fpr, kind=kind, seed=SEEDS[tier])
     return replace(
-        _summary(tier, SummaryKind.EXACT, 0, latency_us, mbps),
+        _summary(tier, kind, 0, latency_us, mbps),
+        version=version,
         entry_count=len(keys),
         params=summary.params(),
         body=summary.encode(),
     )
+
+
+def _exact_summary(tier: Tier, keys: tuple[int, ...], latency_us: int, mbps: int):
+    return _real_summary(tier, SummaryKind.EXACT, keys, latency_us, mbps)
+
+
+def _delta_summary(tier: Tier, latency_us: int, mbps: int) -> SummaryEntry:
+    """Version 4 of the extended-length example's HBM stream: a delta on its version 3."""
+    delta = DeltaSummary(np.array(DELTA_ADDED, dtype=np.uint64),
+                         np.array(DELTA_REMOVED, dtype=np.uint64))  # fmt: skip
+    return replace(
+        _summary(tier, SummaryKind.DELTA, 0, latency_us, mbps),
+        version=4,
+        base_version=3,
+        entry_count=len(FUSE_KEYS) - len(DELTA_REMOVED) + len(DELTA_ADDED),
+        params=delta.params(),
+        body=delta.encode(),
+    )
+
+
+# Scope entries of the sealed-delegated example, in the order the codec requires:
+# octet-wise on (Kind, Value), so 2001:db8::/32 (value 20 20 01 0d b8 ...) precedes
+# 192.0.2.14/32 (value 20 c0 00 02 0e) although its value is longer.
+SCOPE_ADDRESSES = (
+    ScopeEntry.for_network(ScopeKind.ADDRESS, ipaddress.ip_network("2001:db8::/32")),
+    ScopeEntry.for_network(ScopeKind.ADDRESS, ipaddress.ip_network("192.0.2.14/32")),
+)
 
 
 def examples() -> list[Example]:
@@ -151,32 +222,41 @@ def examples() -> list[Example]:
         ),
         Example(
             "cache-state",
-            "Cache model, exact summary of 16 keys in HBM (opaque body), capacity, "
-            "two hot prefixes and an Ed25519-shaped signature (placeholder bytes).",
+            "Cache model, exact set of 16 keys in HBM (a real Rice-coded body), "
+            "capacity, two hot prefixes and an Ed25519-shaped signature (placeholder "
+            "bytes).",
             Advertisement.build(
                 *_header("192.0.2.11", seq=42),
                 MetricsL2(5),
                 cache_model,
-                CacheSummaries((_summary(Tier.HBM, SummaryKind.EXACT, 16, 5, 800_000),)),
+                CacheSummaries((_exact_summary(Tier.HBM, CACHE_KEYS, 5, 800_000),)),
                 Capacity(free_blocks=1200, total_blocks=65536),
                 HotPrefixes((HotPrefix(0x0123456789ABCDEF, 4), HotPrefix(0xFEDCBA9876543210, 31))),
                 Signature(SignatureAlgorithm.ED25519, b"op1/inst11", _filler("sig", 64)),
             ),
+            (Body(Tier.HBM, CACHE_KEYS),),
         ),
         Example(
             "extended-length",
-            "Three tiers of summaries: the value exceeds 255 bytes, so the path "
-            "attribute uses the Extended Length flag (0xD0).",
+            "Three tiers of summaries, real filters at a 1 % target: a binary fuse "
+            "filter of 40 keys in HBM, a Bloom filter of 24 keys in DRAM, a fuse filter "
+            "of 12 keys in SSD. The value exceeds 255 bytes, so the path attribute uses "
+            "the Extended Length flag (0xD0).",
             Advertisement.build(
                 *_header("198.51.100.20", cs_id=200, site_id=3, seq=9),
                 cache_model,
                 CacheSummaries(
                     (
-                        _summary(Tier.HBM, SummaryKind.FUSE, 96, 5, 800_000),
-                        _summary(Tier.DRAM, SummaryKind.BLOOM, 128, 40, 200_000),
-                        _summary(Tier.SSD, SummaryKind.FUSE, 64, 400, 25_000),
+                        _real_summary(Tier.HBM, SummaryKind.FUSE, FUSE_KEYS, 5, 800_000),
+                        _real_summary(Tier.DRAM, SummaryKind.BLOOM, BLOOM_KEYS, 40, 200_000),
+                        _real_summary(Tier.SSD, SummaryKind.FUSE, SSD_KEYS, 400, 25_000),
                     )
                 ),
+            ),
+            (
+                Body(Tier.HBM, FUSE_KEYS),
+                Body(Tier.DRAM, BLOOM_KEYS),
+                Body(Tier.SSD, SSD_KEYS),
             ),
         ),
         Example(
@@ -192,8 +272,10 @@ def examples() -> list[Example]:
             "sealed-delegated",
             "Cache section sealed under group key 7 (opaque ciphertext), the operator's "
             "delegation of the signing key carried in-band (CS-ID 100, route 10.0.0.0/16, "
-            "instance range 192.0.2.0/24) and a signature (placeholder bytes throughout; "
-            "tests/vectors/security.json has real ones).",
+            "instance addresses 2001:db8::/32 and 192.0.2.14/32) and a signature "
+            "(placeholder bytes throughout; tests/vectors/security.json has real ones). "
+            "The two address entries are in octet order of (Kind, Value): the IPv6 one, "
+            "longer, comes first because its second octet (0x20) is below 0xc0.",
             Advertisement.build(
                 *_header("192.0.2.14", seq=43),
                 MetricsL2(6),
@@ -212,9 +294,7 @@ def examples() -> list[Example]:
                         ScopeEntry.for_network(
                             ScopeKind.ROUTE, ipaddress.ip_network("10.0.0.0/16")
                         ),
-                        ScopeEntry.for_network(
-                            ScopeKind.ADDRESS, ipaddress.ip_network("192.0.2.0/24")
-                        ),
+                        *SCOPE_ADDRESSES,
                     ),
                 ),
                 Signature(SignatureAlgorithm.ED25519, _filler("node-key-id", 8), _filler("s", 64)),
@@ -234,6 +314,28 @@ def examples() -> list[Example]:
                         _exact_summary(Tier.HBM, EXACT_KEYS, 5, 800_000),
                         _summary(Tier.DRAM, 200, 8, 40, 200_000, params=b"\x01\x02"),
                     )
+                ),
+            ),
+            (Body(Tier.HBM, EXACT_KEYS),),
+        ),
+        Example(
+            "fuse-delta",
+            "The next update of the extended-length origin: its HBM stream at version 4, "
+            "a delta on the fuse snapshot of version 3 that adds three keys and removes "
+            "two. Applied to that snapshot it gives a layered view: added keys are "
+            "members, removed keys are not, the others are answered by the fuse filter.",
+            Advertisement.build(
+                *_header("198.51.100.20", cs_id=200, site_id=3, seq=10),
+                cache_model,
+                CacheSummaries((_delta_summary(Tier.HBM, 5, 800_000),)),
+            ),
+            (
+                Body(
+                    Tier.HBM,
+                    tuple(sorted(set(FUSE_KEYS) - set(DELTA_REMOVED) | set(DELTA_ADDED))),
+                    added=DELTA_ADDED,
+                    removed=DELTA_REMOVED,
+                    base="extended-length",
                 ),
             ),
         ),

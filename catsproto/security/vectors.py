@@ -1,8 +1,9 @@
 """Test vectors for signing, delegation and sealing (tests/vectors/security.json).
 
 Deterministic: keys come from fixed seeds (SHA-256 of a label), nonces are fixed, the
-clock is `T0_MS`. The `receive` list is a scripted session against one receiver, each
-step with the reason it must end in stated by hand; `security_vectors()` refuses to
+clock is `T0_MS`. The `receive` list is a scripted session against one receiver (it
+trusts the operator and holds group key 7), each step with the reason it must end in
+stated by hand; `security_vectors()` refuses to
 produce a file in which the code disagrees. Pure: the caller writes the file
 (``catsproto vectors`` or the one-liner in docs/security.md).
 """
@@ -29,6 +30,7 @@ NOW_MS = T0_MS + 43_000
 NLRI = ipaddress.ip_network("10.0.1.0/24")
 OTHER_NLRI = ipaddress.ip_network("10.0.2.0/24")
 NLRI6 = ipaddress.ip_network("2001:db8:100::/48")
+UNAUTHORISED_NLRI = ipaddress.ip_network("172.16.0.0/24")  # outside the delegated routes
 
 
 def seed(label: str) -> bytes:
@@ -122,8 +124,60 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
     unsigned = wire.encode(f.at(1, 43))
     flipped = bytearray(good)
     flipped[summary_body_offset(good) + 3] ^= 0x01
+    nonce = hashlib.sha256(b"catsproto test nonce").digest()[:12]
+    other_group = GroupKeyring(GroupKey.of(8, seed("group-8")))
+    sealed = seal(f.at(1, 50), f.group, nonce)
+    sealed_tlv = sealed.get(wire.SealedCache)
+    assert sealed_tlv is not None
+    tampered = bytearray(sealed_tlv.ciphertext)
+    tampered[0] ^= 0x01
+    broken = bytearray(f.delegation.operator_signature)
+    broken[0] ^= 0x01
+    bad_delegation = dataclasses.replace(f.delegation, operator_signature=bytes(broken))
     return [
         ("accept", good, NLRI, NOW_MS, Reason.OK),
+        ("malformed-truncated", good[:-1], NLRI, NOW_MS, Reason.MALFORMED),
+        (
+            "future-timestamp",
+            wire.encode(sign(f.at(1, 46, NOW_MS + 10_000), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.FUTURE_TIMESTAMP,
+        ),
+        (
+            "route-not-authorised",
+            wire.encode(sign(f.at(1, 47), f.node, UNAUTHORISED_NLRI)),
+            UNAUTHORISED_NLRI,
+            NOW_MS,
+            Reason.NOT_AUTHORISED,
+        ),
+        (
+            "bad-delegation-signature",
+            wire.encode(sign(f.at(1, 48).replace(bad_delegation), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.BAD_DELEGATION,
+        ),
+        (
+            "unknown-group-key",
+            wire.encode(sign(seal(f.at(1, 49), other_group, nonce), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.UNKNOWN_GROUP_KEY,
+        ),
+        (
+            "decryption-failed",
+            wire.encode(
+                sign(
+                    sealed.replace(dataclasses.replace(sealed_tlv, ciphertext=bytes(tampered))),
+                    f.node,
+                    NLRI,
+                )
+            ),
+            NLRI,
+            NOW_MS,
+            Reason.DECRYPTION_FAILED,
+        ),
         ("duplicate", good, NLRI, NOW_MS, Reason.DUPLICATE),
         ("same-sequence-other-content", other_content, NLRI, NOW_MS, Reason.EQUIVOCATION),
         (
@@ -208,7 +262,7 @@ def security_vectors() -> JSON:
             "IPv6 instance and route, the delegation carried in-band.",
         ),
     ]
-    receiver = Receiver(f.trust)
+    receiver = Receiver(f.trust, group_keys=f.group)
     steps = []
     for name, value, nlri, now, want in _receive_script(f):
         verdict, receiver = receiver.receive(value, nlri, now)  # type: ignore[arg-type]
