@@ -49,6 +49,8 @@ from catsproto.summary.base import (
     U64_MAX,
     Summary,
     SummaryDecodeError,
+    from_bits,
+    low_bits,
     register_kind,
 )
 from catsproto.summary.hashing import GOLDEN, mix64_int, seeded
@@ -275,6 +277,10 @@ class FuseSummary(Summary):
         return PARAMS_LEN + (groups * b + 7) // 8
 
     # -- wire ------------------------------------------------------------------------
+    def size(self) -> int:
+        """params + body bytes, from the geometry (no encoding needed)."""
+        return PARAMS_LEN + (-(-self.slots // self.g) * self.b + 7) // 8
+
     def params(self) -> bytes:
         return (
             bytes([self.arity, self.seg_log2])
@@ -294,10 +300,7 @@ class FuseSummary(Summary):
             value = np.zeros(groups, dtype=np.uint64)
             for j in reversed(range(g)):
                 value = value * np.uint64(m) + digits[:, j]
-            bits = np.empty((groups, b), dtype=np.uint8)
-            for t in range(b):
-                bits[:, t] = (value >> np.uint64(b - 1 - t)) & np.uint64(1)
-            self._body = np.packbits(bits.reshape(-1)).tobytes()
+            self._body = np.packbits(low_bits(value, b).reshape(-1)).tobytes()
         return self._body
 
     @classmethod
@@ -333,11 +336,7 @@ class FuseSummary(Summary):
         bits = np.unpackbits(np.frombuffer(body, dtype=np.uint8))
         if bits[groups * b :].any():
             raise SummaryDecodeError("nonzero padding bits in fuse body", len(body) - 1)
-        grid = bits[: groups * b].reshape(groups, b)
-        value = np.zeros(groups, dtype=np.uint64)
-        for t in range(b):
-            value <<= np.uint64(1)
-            value |= grid[:, t]
+        value = from_bits(bits[: groups * b].reshape(groups, b))
         digits = np.empty((groups, g), dtype=np.uint64)
         mm = np.uint64(m)
         for j in range(g):
