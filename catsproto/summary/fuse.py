@@ -142,7 +142,7 @@ def _fingerprints(h: np.ndarray, m: int) -> np.ndarray:
     return ((h & np.uint64(0xFFFFFFFF)) * np.uint64(m)) >> np.uint64(32)
 
 
-def _peel(
+def peel_rounds(
     slots: np.ndarray, size: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
     """Peel in rounds; return [(keys, their free slots, their slot matrix)] per round.
@@ -173,6 +173,27 @@ def _peel(
         np.subtract.at(owner, touched, np.tile(keys, arity))
         queue = touched[deg[touched] == 1]
     return rounds if peeled == n else None
+
+
+def solve_reference(
+    keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
+) -> np.ndarray | None:
+    """`FuseSummary._solve` in numpy rounds (`peel_rounds`): the definition the compiled
+    kernel must match value for value (tests and benchmarks/build.py compare them)."""
+    size = segments << seg_log2
+    if keys.size == 0:
+        return np.zeros(size, dtype=np.uint32)
+    h, h2 = _hashes(keys, seed)
+    slots = _slots(h, h2, arity, seg_log2, segments)
+    rounds = peel_rounds(slots, size)
+    if rounds is None:
+        return None
+    fp = _fingerprints(h, m).astype(np.int64)
+    table = np.zeros(size, dtype=np.int64)
+    for peeled, free, matrix in reversed(rounds):
+        total = table[matrix].sum(axis=0)
+        table[free] = (fp[peeled] - total) % m
+    return table.astype(np.uint32)
 
 
 @register_kind
@@ -251,19 +272,19 @@ class FuseSummary(Summary):
     def _solve(
         keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
     ) -> np.ndarray | None:
+        """The slot values for these keys, or None if this seed's hypergraph does not peel:
+        `solve_reference`'s table, computed by the compiled `fuse_peel` kernel."""
         size = segments << seg_log2
         if keys.size == 0:
             return np.zeros(size, dtype=np.uint32)
+        from catsproto.summary import fuse_peel  # the compiler loads with the first build
+
         h, h2 = _hashes(keys, seed)
-        slots = _slots(h, h2, arity, seg_log2, segments)
-        rounds = _peel(slots, size)
-        if rounds is None:
-            return None
+        slots = _slots(h, h2, arity, seg_log2, segments).astype(np.int64, copy=False)
         fp = _fingerprints(h, m).astype(np.int64)
         table = np.zeros(size, dtype=np.int64)
-        for peeled, free, matrix in reversed(rounds):
-            total = table[matrix].sum(axis=0)
-            table[free] = (fp[peeled] - total) % m
+        if not fuse_peel.peel_and_assign(slots, fp, m, table):
+            return None
         return table.astype(np.uint32)
 
     @classmethod
