@@ -71,6 +71,9 @@ def unique_keys(keys: object) -> np.ndarray:
     arr = as_key_array(keys)
     if arr.size < 2 or (arr[1:] > arr[:-1]).all():
         return arr.copy()
+    arr = np.sort(arr)  # distinct once sorted (an LRU's keys): no need for the mask
+    if (arr[1:] > arr[:-1]).all():
+        return arr
     return np.unique(arr)
 
 
