@@ -23,6 +23,7 @@ from catsproto.summary import (
 )
 from catsproto.summary.base import sorted_difference, unique_keys
 from catsproto.summary.delta import apply_delta
+from catsproto.summary.shard import shard_range, split_keys
 
 U64 = 2**64 - 1
 key_lists = st.lists(st.integers(0, U64), max_size=300)
@@ -91,3 +92,20 @@ def test_snapshot_sizes_equal_their_encoded_bytes(keys: list[int], target: float
         assert size == len(s.params()) + len(s.encode())
         again = Summary.decode(kind, s.params(), s.encode())
         assert again.size() == size
+
+
+@pytest.mark.parametrize("shard_bits", [0, 1, 3, 8, 16])
+def test_split_keys_cuts_where_np_split_cuts(shard_bits: int) -> None:
+    rng = np.random.default_rng(shard_bits)
+    for n in (0, 1, 7, 3000):
+        keys = np.unique(rng.integers(0, 2**64, n, dtype=np.uint64))
+        if n > 2:
+            keys[0], keys[-1] = 0, U64
+        lows = [shard_range(i, shard_bits)[0] for i in range(1, 1 << shard_bits)]
+        want = np.split(keys, np.searchsorted(keys, lows))
+        got = split_keys(keys, shard_bits)
+        assert len(got) == len(want) == 1 << shard_bits
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b) and a.dtype == b.dtype
+    with pytest.raises(ValueError, match="shard_bits"):
+        split_keys(np.zeros(0, dtype=np.uint64), 17)
