@@ -253,6 +253,8 @@ class TieredCache:
         # the primitives (`tier_of`, `_touch`, `_insert`) inlined for the top tier: this
         # loop runs for every block of every prompt
         top_lru, top_changes, lower = self._lru[top], self._changes[top], self._tiers[1:]
+        below = self._below[top]
+        demotes = below is not None and self.specs[below].capacity_blocks > 0
         depth = self.depth
         parent_depth = 0
         for k in keys:
@@ -269,7 +271,14 @@ class TieredCache:
             else:
                 events.add(BlockEventKind.STORED, top, k, None)
             if len(top_lru) >= capacity:
-                self._make_room(top, events)
+                if demotes:
+                    self._make_room(top, events)
+                else:  # `_make_room` of a tier with nothing below: drop its LRU blocks
+                    while len(top_lru) >= capacity:
+                        victim = next(iter(top_lru))
+                        del top_lru[victim]
+                        top_changes.remove(victim)
+                        events.add(BlockEventKind.REMOVED, top, victim, None)
             top_lru[k] = None
             top_changes.add(k)
         for k in reversed(keys):
