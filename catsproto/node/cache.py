@@ -401,4 +401,3 @@ class _Runs:
 
     def events(self) -> list[BlockEvent]:
         return [BlockEvent(kind, tier, tuple(keys), to) for kind, tier, to, keys in self._runs]
-
