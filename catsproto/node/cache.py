@@ -155,6 +155,13 @@ class TieredCache:
         self.order: tuple[Tier, ...] = tuple(order)
         self._lru: dict[Tier, dict[int, None]] = {t: {} for t in order}
         self._changes: dict[Tier, _Changes] = {t: _Changes() for t in order}
+        # for the per-block loops: (tier, its LRU dict) fastest first, and each tier's next
+        self._tiers: tuple[tuple[Tier, dict[int, None]], ...] = tuple(
+            (t, self._lru[t]) for t in order
+        )
+        self._below: dict[Tier, Tier | None] = {
+            t: order[i + 1] if i + 1 < len(order) else None for i, t in enumerate(order)
+        }
         self.depth: dict[int, int] = {}
         """Depth in blocks of every key ever seen (1 = first block of a prompt)."""
         self.hits: dict[int, int] = {}
@@ -167,8 +174,8 @@ class TieredCache:
 
     def tier_of(self, key: int) -> Tier | None:
         """The fastest tier holding `key`."""
-        for t in self.order:
-            if key in self._lru[t]:
+        for t, lru in self._tiers:
+            if key in lru:
                 return t
         return None
 
@@ -197,10 +204,12 @@ class TieredCache:
         """The prefix of `keys` the cache holds, without touching anything."""
         tiers: list[Tier] = []
         for k in keys:
-            t = self.tier_of(k)
-            if t is None:
+            for t, lru in self._tiers:  # `tier_of`, inlined: this runs per prompt block
+                if k in lru:
+                    tiers.append(t)
+                    break
+            else:
                 break
-            tiers.append(t)
         return PrefixHit(len(tiers), tuple(tiers))
 
     # ---- change tracking -------------------------------------------------------------
@@ -232,48 +241,66 @@ class TieredCache:
         first, so its first block is the most recently used (an engine frees a request's
         blocks tail first, which keeps shared prefixes longest).
         """
-        if self.specs[self.order[0]].capacity_blocks < 1:
+        top = self.order[0]
+        capacity = self.specs[top].capacity_blocks
+        if capacity < 1:
             raise ValueError("the top tier needs room for at least one block to admit")
         hit = self.lookup(keys)
+        hits = self.hits
         for k in keys[: hit.depth]:
-            self.hits[k] = self.hits.get(k, 0) + 1
-        events: list[BlockEvent] = []
-        top = self.order[0]
+            hits[k] = hits.get(k, 0) + 1
+        events = _Runs()
+        # the primitives (`tier_of`, `_touch`, `_insert`) inlined for the top tier: this
+        # loop runs for every block of every prompt
+        top_lru, top_changes, lower = self._lru[top], self._changes[top], self._tiers[1:]
+        below = self._below[top]
+        demotes = below is not None and self.specs[below].capacity_blocks > 0
+        depth = self.depth
         parent_depth = 0
         for k in keys:
-            self.depth.setdefault(k, parent_depth + 1)
-            parent_depth = self.depth[k]
-            where = self.tier_of(k)
-            if where == top:
-                self._touch(top, k)
+            parent_depth = depth.setdefault(k, parent_depth + 1)
+            if k in top_lru:
+                del top_lru[k]
+                top_lru[k] = None
                 continue
-            if where is not None:  # leave the lower tier first: room below may be needed
-                self._discard(where, k)
-                events.append(BlockEvent(BlockEventKind.MOVED, where, (k,), top))
+            for where, lru in lower:
+                if k in lru:  # leave the lower tier first: room below may be needed
+                    self._discard(where, k)
+                    events.add(BlockEventKind.MOVED, where, k, top)
+                    break
             else:
-                events.append(BlockEvent(BlockEventKind.STORED, top, (k,)))
-            self._make_room(top, events)
-            self._insert(top, k)
+                events.add(BlockEventKind.STORED, top, k, None)
+            if len(top_lru) >= capacity:
+                if demotes:
+                    self._make_room(top, events)
+                else:  # `_make_room` of a tier with nothing below: drop its LRU blocks
+                    while len(top_lru) >= capacity:
+                        victim = next(iter(top_lru))
+                        del top_lru[victim]
+                        top_changes.remove(victim)
+                        events.add(BlockEventKind.REMOVED, top, victim, None)
+            top_lru[k] = None
+            top_changes.add(k)
         for k in reversed(keys):
-            if k in self._lru[top]:
-                self._touch(top, k)
-        return hit, _coalesce(events)
+            if k in top_lru:
+                del top_lru[k]
+                top_lru[k] = None
+        return hit, events.events()
 
-    def _make_room(self, tier: Tier, events: list[BlockEvent]) -> None:
+    def _make_room(self, tier: Tier, events: _Runs) -> None:
         """Demote (or drop, from the last tier) LRU blocks until `tier` has a free slot."""
         capacity = self.specs[tier].capacity_blocks
         lru = self._lru[tier]
+        below = self._below[tier]
         while lru and len(lru) >= capacity:
             victim = next(iter(lru))
             self._discard(tier, victim)
-            i = self.order.index(tier)
-            below = self.order[i + 1] if i + 1 < len(self.order) else None
             if below is not None and self.specs[below].capacity_blocks > 0:
                 self._make_room(below, events)
                 self._insert(below, victim)
-                events.append(BlockEvent(BlockEventKind.MOVED, tier, (victim,), below))
+                events.add(BlockEventKind.MOVED, tier, victim, below)
             else:
-                events.append(BlockEvent(BlockEventKind.REMOVED, tier, (victim,)))
+                events.add(BlockEventKind.REMOVED, tier, victim, None)
 
     # ---- mirroring: apply what an engine reports ---------------------------------------
 
@@ -353,18 +380,24 @@ class TieredCache:
         lru[key] = None
 
 
-def _coalesce(events: list[BlockEvent]) -> list[BlockEvent]:
-    """Merge runs of events of the same kind and tiers into one event with all their keys."""
-    out: list[BlockEvent] = []
-    for ev in events:
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and last.kind is ev.kind
-            and last.tier == ev.tier
-            and last.to_tier == ev.to_tier
-        ):
-            out[-1] = BlockEvent(ev.kind, ev.tier, last.keys + ev.keys, ev.to_tier)
-        else:
-            out.append(ev)
-    return out
+class _Runs:
+    """Block events as they happen, merged on the fly: consecutive events of one kind
+    and the same tiers become one event with all their keys, in order, without an
+    event object per block on the way."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[BlockEventKind, Tier, Tier | None, list[int]]] = []
+
+    def add(self, kind: BlockEventKind, tier: Tier, key: int, to_tier: Tier | None) -> None:
+        runs = self._runs
+        if runs:
+            last = runs[-1]
+            if last[0] is kind and last[1] == tier and last[2] == to_tier:
+                last[3].append(key)
+                return
+        runs.append((kind, tier, to_tier, [key]))
+
+    def events(self) -> list[BlockEvent]:
+        return [BlockEvent(kind, tier, tuple(keys), to) for kind, tier, to, keys in self._runs]

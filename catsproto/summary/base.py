@@ -35,6 +35,7 @@ KIND_FUSE = 3
 KIND_DELTA = 4
 
 U64_MAX = (1 << 64) - 1
+_BIG_U64 = np.dtype(">u8")
 
 
 class SummaryDecodeError(BadValueError):
@@ -62,8 +63,25 @@ def as_key_array(keys: object) -> np.ndarray:
 
 
 def unique_keys(keys: object) -> np.ndarray:
-    """Sorted, duplicate-free uint64 keys."""
-    return np.unique(as_key_array(keys))
+    """Sorted, duplicate-free uint64 keys (always a new array).
+
+    Keys already strictly increasing (a shard's part, a decoded set, a set difference)
+    are only checked and copied: one comparison instead of `np.unique`'s sort and mask.
+    """
+    arr = as_key_array(keys)
+    if arr.size < 2 or (arr[1:] > arr[:-1]).all():
+        return arr.copy()
+    arr = np.sort(arr)  # distinct once sorted (an LRU's keys): no need for the mask
+    if (arr[1:] > arr[:-1]).all():
+        return arr
+    return np.unique(arr)
+
+
+def sorted_difference(keys: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """The keys of sorted unique `keys` not in sorted unique `other`, in order
+    (`np.setdiff1d(keys, other, assume_unique=True)` by binary search, without its
+    general set machinery)."""
+    return keys[~in_sorted(other, keys)]
 
 
 def in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -74,6 +92,23 @@ def in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     pos = np.searchsorted(sorted_keys, keys)
     pos[pos == sorted_keys.size] = 0
     return sorted_keys[pos] == keys
+
+
+def low_bits(values: np.ndarray, width: int) -> np.ndarray:
+    """The low ``width`` bits of every uint64 value, most significant first, as an
+    (n, width) array of 0/1 bytes: one byte-order view and one `unpackbits`, instead of
+    a shift and a mask per bit position."""
+    big = np.ascontiguousarray(values, dtype=_BIG_U64).view(np.uint8)
+    return np.unpackbits(big).reshape(-1, 64)[:, 64 - width :]
+
+
+def from_bits(bits: np.ndarray) -> np.ndarray:
+    """The inverse of `low_bits`: rows of at most 64 0/1 bytes (most significant first)
+    as uint64 values, by packing each row, left-padded to 64 bits, into 8 bytes."""
+    n, width = bits.shape
+    padded = np.zeros((n, 64), dtype=np.uint8)
+    padded[:, 64 - width :] = bits
+    return np.packbits(padded, axis=1).view(_BIG_U64).reshape(n).astype(np.uint64)
 
 
 class Summary(ABC):

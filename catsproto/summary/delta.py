@@ -22,6 +22,7 @@ from catsproto.summary.base import (
     SummaryDecodeError,
     in_sorted,
     register_kind,
+    sorted_difference,
     unique_keys,
 )
 from catsproto.summary.exact import ExactSummary
@@ -38,18 +39,26 @@ class DeltaSummary(Summary):
     def __init__(self, added: object, removed: object) -> None:
         self.added = unique_keys(added)
         self.removed = unique_keys(removed)
-        if np.intersect1d(self.added, self.removed, assume_unique=True).size:
+        if in_sorted(self.added, self.removed).any():
             raise ValueError("a key cannot be both added and removed")
         self._body: bytes | None = None
+        self._size: int | None = None
+
+    @classmethod
+    def _of_sorted(cls, added: np.ndarray, removed: np.ndarray) -> DeltaSummary:
+        """A delta of arrays known sorted, distinct and disjoint, which the caller hands
+        over (a set difference, a decoded body): the constructor's checks skipped."""
+        out = cls.__new__(cls)
+        out.added, out.removed = added, removed
+        out._body = None
+        out._size = None
+        return out
 
     @classmethod
     def between(cls, old_keys: object, new_keys: object) -> DeltaSummary:
         """The delta turning key set ``old_keys`` into ``new_keys``."""
         old, new = unique_keys(old_keys), unique_keys(new_keys)
-        return cls(
-            np.setdiff1d(new, old, assume_unique=True),
-            np.setdiff1d(old, new, assume_unique=True),
-        )
+        return cls._of_sorted(sorted_difference(new, old), sorted_difference(old, new))
 
     @property
     def changed(self) -> int:
@@ -67,8 +76,8 @@ class DeltaSummary(Summary):
     @staticmethod
     def size_between(old_keys: np.ndarray, new_keys: np.ndarray) -> int:
         """Body bytes of the delta between two sorted unique key arrays."""
-        return rice_set_size(np.setdiff1d(new_keys, old_keys, assume_unique=True)) + (
-            rice_set_size(np.setdiff1d(old_keys, new_keys, assume_unique=True))
+        return rice_set_size(sorted_difference(new_keys, old_keys)) + (
+            rice_set_size(sorted_difference(old_keys, new_keys))
         )
 
     def params(self) -> bytes:
@@ -79,6 +88,17 @@ class DeltaSummary(Summary):
             self._body = encode_rice_set(self.added) + encode_rice_set(self.removed)
         return self._body
 
+    def size(self) -> int:
+        """Body bytes, counted without encoding (a sender weighs many deltas it never
+        sends against a snapshot)."""
+        if self._size is None:
+            self._size = (
+                len(self._body)
+                if self._body is not None
+                else rice_set_size(self.added) + rice_set_size(self.removed)
+            )
+        return self._size
+
     @classmethod
     def decode_body(cls, params: bytes, body: bytes) -> DeltaSummary:
         if params:
@@ -87,9 +107,9 @@ class DeltaSummary(Summary):
         removed, end = decode_rice_set(body, mid)
         if end != len(body):
             raise SummaryDecodeError(f"delta ends at byte {end}, body has {len(body)}", end)
-        if np.intersect1d(added, removed, assume_unique=True).size:
+        if in_sorted(added, removed).any():
             raise SummaryDecodeError("delta adds and removes the same key", mid)
-        out = cls(added, removed)
+        out = cls._of_sorted(added, removed)
         out._body = body
         return out
 
@@ -133,13 +153,13 @@ def apply_delta(state: SummaryState, delta: DeltaSummary) -> SummaryState:
     if isinstance(state, DeltaSummary):
         raise ValueError("a delta applies to a snapshot or a view, not to another delta")
     if isinstance(state, ExactSummary):
-        kept = np.setdiff1d(state.keys, delta.removed, assume_unique=True)
+        kept = sorted_difference(state.keys, delta.removed)
         return ExactSummary(np.union1d(kept, delta.added))
     if isinstance(state, LayeredView):
         base, added, removed = state.base, state.added, state.removed
     else:
         base, added = state, np.zeros(0, dtype=np.uint64)
         removed = np.zeros(0, dtype=np.uint64)
-    added = np.union1d(np.setdiff1d(added, delta.removed, assume_unique=True), delta.added)
-    removed = np.setdiff1d(np.union1d(removed, delta.removed), delta.added, assume_unique=True)
+    added = np.union1d(sorted_difference(added, delta.removed), delta.added)
+    removed = sorted_difference(np.union1d(removed, delta.removed), delta.added)
     return LayeredView(base, added, removed)

@@ -54,6 +54,9 @@ class ExactSummary(Summary):
             self._body = encode_rice_set(self._keys)
         return self._body
 
+    def size(self) -> int:
+        return len(self._body) if self._body is not None else rice_set_size(self._keys)
+
     @classmethod
     def decode_body(cls, params: bytes, body: bytes) -> ExactSummary:
         if params:

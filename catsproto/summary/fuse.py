@@ -49,6 +49,8 @@ from catsproto.summary.base import (
     U64_MAX,
     Summary,
     SummaryDecodeError,
+    from_bits,
+    low_bits,
     register_kind,
 )
 from catsproto.summary.hashing import GOLDEN, mix64_int, seeded
@@ -140,7 +142,7 @@ def _fingerprints(h: np.ndarray, m: int) -> np.ndarray:
     return ((h & np.uint64(0xFFFFFFFF)) * np.uint64(m)) >> np.uint64(32)
 
 
-def _peel(
+def peel_rounds(
     slots: np.ndarray, size: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
     """Peel in rounds; return [(keys, their free slots, their slot matrix)] per round.
@@ -171,6 +173,27 @@ def _peel(
         np.subtract.at(owner, touched, np.tile(keys, arity))
         queue = touched[deg[touched] == 1]
     return rounds if peeled == n else None
+
+
+def solve_reference(
+    keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
+) -> np.ndarray | None:
+    """`FuseSummary._solve` in numpy rounds (`peel_rounds`): the definition the compiled
+    kernel must match value for value (tests and benchmarks/build.py compare them)."""
+    size = segments << seg_log2
+    if keys.size == 0:
+        return np.zeros(size, dtype=np.uint32)
+    h, h2 = _hashes(keys, seed)
+    slots = _slots(h, h2, arity, seg_log2, segments)
+    rounds = peel_rounds(slots, size)
+    if rounds is None:
+        return None
+    fp = _fingerprints(h, m).astype(np.int64)
+    table = np.zeros(size, dtype=np.int64)
+    for peeled, free, matrix in reversed(rounds):
+        total = table[matrix].sum(axis=0)
+        table[free] = (fp[peeled] - total) % m
+    return table.astype(np.uint32)
 
 
 @register_kind
@@ -249,19 +272,19 @@ class FuseSummary(Summary):
     def _solve(
         keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
     ) -> np.ndarray | None:
+        """The slot values for these keys, or None if this seed's hypergraph does not peel:
+        `solve_reference`'s table, computed by the compiled `fuse_peel` kernel."""
         size = segments << seg_log2
         if keys.size == 0:
             return np.zeros(size, dtype=np.uint32)
+        from catsproto.summary import fuse_peel  # the compiler loads with the first build
+
         h, h2 = _hashes(keys, seed)
-        slots = _slots(h, h2, arity, seg_log2, segments)
-        rounds = _peel(slots, size)
-        if rounds is None:
-            return None
+        slots = _slots(h, h2, arity, seg_log2, segments).astype(np.int64, copy=False)
         fp = _fingerprints(h, m).astype(np.int64)
         table = np.zeros(size, dtype=np.int64)
-        for peeled, free, matrix in reversed(rounds):
-            total = table[matrix].sum(axis=0)
-            table[free] = (fp[peeled] - total) % m
+        if not fuse_peel.peel_and_assign(slots, fp, m, table):
+            return None
         return table.astype(np.uint32)
 
     @classmethod
@@ -275,6 +298,10 @@ class FuseSummary(Summary):
         return PARAMS_LEN + (groups * b + 7) // 8
 
     # -- wire ------------------------------------------------------------------------
+    def size(self) -> int:
+        """params + body bytes, from the geometry (no encoding needed)."""
+        return PARAMS_LEN + (-(-self.slots // self.g) * self.b + 7) // 8
+
     def params(self) -> bytes:
         return (
             bytes([self.arity, self.seg_log2])
@@ -294,10 +321,7 @@ class FuseSummary(Summary):
             value = np.zeros(groups, dtype=np.uint64)
             for j in reversed(range(g)):
                 value = value * np.uint64(m) + digits[:, j]
-            bits = np.empty((groups, b), dtype=np.uint8)
-            for t in range(b):
-                bits[:, t] = (value >> np.uint64(b - 1 - t)) & np.uint64(1)
-            self._body = np.packbits(bits.reshape(-1)).tobytes()
+            self._body = np.packbits(low_bits(value, b).reshape(-1)).tobytes()
         return self._body
 
     @classmethod
@@ -333,11 +357,7 @@ class FuseSummary(Summary):
         bits = np.unpackbits(np.frombuffer(body, dtype=np.uint8))
         if bits[groups * b :].any():
             raise SummaryDecodeError("nonzero padding bits in fuse body", len(body) - 1)
-        grid = bits[: groups * b].reshape(groups, b)
-        value = np.zeros(groups, dtype=np.uint64)
-        for t in range(b):
-            value <<= np.uint64(1)
-            value |= grid[:, t]
+        value = from_bits(bits[: groups * b].reshape(groups, b))
         digits = np.empty((groups, g), dtype=np.uint64)
         mm = np.uint64(m)
         for j in range(g):

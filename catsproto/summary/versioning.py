@@ -99,17 +99,21 @@ class SummarySender:
             raise OverflowError("summary version space exhausted; start a new epoch")
         version = self._next_version
         update: SummaryUpdate | None = None
+        kind = self.kind
         due = self._since_snapshot + 1 >= self.snapshot_every
         if self._keys is not None and not force_snapshot and not due:
             assert self._snapshot_keys is not None
             base_keys = self._keys if self.chain else self._snapshot_keys
             base = self.version if self.chain else self.snapshot_version
             delta = DeltaSummary.between(base_keys, new)
-            if delta.size() < self._snapshot_size(new):
+            sizes = Summary.estimates(new, self.target_fpr)
+            if kind is None:  # the kind a snapshot would take (`Summary.smallest_kind`)
+                kind = min(sizes, key=lambda code: (sizes[code], code))
+            if delta.size() < sizes[kind]:
                 update = SummaryUpdate(version, base, delta, int(new.size))
                 self._since_snapshot += 1
         if update is None:
-            snapshot = Summary.build(new, self.target_fpr, kind=self.kind, seed=self.seed)
+            snapshot = Summary.build(new, self.target_fpr, kind=kind, seed=self.seed)
             update = SummaryUpdate(version, 0, snapshot, int(new.size))
             self._snapshot_keys = new
             self.snapshot_version = version
@@ -118,10 +122,6 @@ class SummarySender:
         self.version = version
         self._next_version = version + 1
         return update
-
-    def _snapshot_size(self, keys: np.ndarray) -> int:
-        sizes = Summary.estimates(keys, self.target_fpr)
-        return sizes[self.kind] if self.kind is not None else min(sizes.values())
 
 
 class Outcome(enum.Enum):
