@@ -80,10 +80,20 @@ from catsproto.wire.tlvs import (
 
 
 def error_action(exc: CodecError, registry: Registry = DEFAULT_REGISTRY) -> ErrorAction:
-    """RFC 7606 action for an attribute that failed with `exc`: the failing TLV's own,
-    and treat-as-withdraw when the framing itself is broken."""
-    cls = registry.by_type.get(exc.tlv_type) if exc.tlv_type is not None else None
-    return cls.ON_ERROR if cls is not None else ErrorAction.TREAT_AS_WITHDRAW
+    """RFC 7606 action for an attribute that failed to decode with `exc`.
+
+    The strongest action of all its errors applies (RFC 7606, section 3 (j)):
+    treat-as-withdraw when the TLV framing is broken (an error marked `framing`), when an
+    error names no TLV (a missing mandatory TLV, the path-attribute framing) and when any
+    malformed TLV is of a treat-as-withdraw type; attribute-discard only when the framing
+    is intact and every malformed TLV (`exc` and `exc.more`) is of an attribute-discard
+    type.
+    """
+    for err in (exc, *exc.more):
+        cls = registry.by_type.get(err.tlv_type) if err.tlv_type is not None else None
+        if err.framing or cls is None or cls.ON_ERROR is not ErrorAction.ATTRIBUTE_DISCARD:
+            return ErrorAction.TREAT_AS_WITHDRAW
+    return ErrorAction.ATTRIBUTE_DISCARD
 
 
 def decode_attribute_value(

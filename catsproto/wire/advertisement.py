@@ -199,28 +199,16 @@ def encode(adv: Advertisement) -> bytes:
 
 
 def decode_from(r: Reader, registry: Registry = DEFAULT_REGISTRY) -> Advertisement:
-    """Decode the TLVs filling the window of `r` (offsets stay those of `r`'s buffer)."""
+    """Decode the TLVs filling the window of `r` (offsets stay those of `r`'s buffer);
+    errors carry what `wire.error_action` needs (`Registry.decode_tlvs`)."""
     start = r.offset
     if r.remaining > MAX_VALUE_LEN:  # encode refuses it too, so encode(decode(b)) == b holds
         raise BadLengthError(
             f"attribute value of {r.remaining} bytes exceeds {MAX_VALUE_LEN}", start
         )
-    tlvs: list[AnyTLV] = []
-    previous = -1
-    while r.remaining:
-        at = r.offset
-        tlv = registry.decode_tlv(r)
-        if tlv.type <= previous:
-            rule = "repeats" if tlv.type == previous else "comes after"
-            raise NonCanonicalError(
-                f"type {tlv.type} {rule} {tlv_name(previous)}: types must be strictly increasing",
-                at,
-                tlv.type,
-            )
-        previous = tlv.type
-        tlvs.append(tlv)
+    tlvs = registry.decode_tlvs(r)
     try:
-        return Advertisement(tuple(tlvs))
+        return Advertisement(tlvs)
     except CodecError as exc:
         raise exc.located(start, None) from None
 

@@ -7,6 +7,12 @@ or the CLI can print `cache-summaries TLV at offset 41: length 9000 exceeds rema
 
 Validation done while *building* an object (outside any buffer) raises the same
 classes with ``offset=None``; the decoder fills the offset in as it re-raises.
+
+Two marks feed the RFC 7606 action (`wire.error_action`): `framing` is true when the
+TLV sequence itself is broken (a truncated TLV header, a TLV length beyond the value,
+a type out of order or repeated), so no TLV boundary after it can be trusted; `more`
+holds the errors of the other malformed TLVs the decoder found after the first one
+(only when the framing is intact), so the strongest action among them all applies.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from catsproto.wire.codes import tlv_name
 class CodecError(Exception):
     """Base of every error the codec raises. Nothing else escapes `decode`."""
 
+    framing: bool = False  # the TLV framing is broken (set on the instance by the decoder)
+    more: tuple[CodecError, ...] = ()  # the other malformed TLVs' errors, first one aside
+
     def __init__(self, reason: str, offset: int | None = None, tlv_type: int | None = None):
         self.reason = reason
         self.offset = offset
@@ -25,11 +34,18 @@ class CodecError(Exception):
 
     def located(self, offset: int | None, tlv_type: int | None) -> CodecError:
         """The same error with offset / TLV type filled in where they were unknown."""
-        return type(self)(
+        out = type(self)(
             self.reason,
             self.offset if self.offset is not None else offset,
             self.tlv_type if self.tlv_type is not None else tlv_type,
         )
+        out.framing, out.more = self.framing, self.more
+        return out
+
+    def as_framing(self) -> CodecError:
+        """This error, marked as breaking the TLV framing (treat-as-withdraw)."""
+        self.framing = True
+        return self
 
     def __str__(self) -> str:
         where = []

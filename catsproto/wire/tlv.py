@@ -25,9 +25,9 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.codes import MANDATORY_TYPES
+from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
 from catsproto.wire.compiled import SequenceDecoder, compile_sequence, compile_tlv_value
-from catsproto.wire.errors import BadValueError
+from catsproto.wire.errors import BadLengthError, BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON, Record
 
 TLV_HEADER_LEN = 4
@@ -128,3 +128,69 @@ class Registry:
         tlv = UnknownTLV(tlv_type, inner.rest()) if cls is None else cls.decode_from(inner)
         r.close(inner, "TLV value")
         return tlv
+
+    def decode_tlvs(self, r: Reader) -> tuple[AnyTLV, ...]:
+        """The TLV sequence filling `r`'s window; on failure, every error RFC 7606 needs.
+
+        Two passes. The first walks the TLV headers only, up to the first framing error:
+        a truncated header, a length beyond the window, a type not above the previous
+        one. Such an error is marked `framing` (no boundary after it can be trusted, so
+        treat-as-withdraw applies whatever the TLV). The second decodes the values the
+        first pass delimited and goes on past a malformed one. The error raised is the
+        first in byte order (a TLV's own value comes before its order error), as the
+        one-pass decoder raised it; it carries the others in `more`, and with the
+        framing intact a missing mandatory TLV too.
+        """
+        start = r.offset
+        spans: list[tuple[int, int, Reader]] = []  # (type, value length, value window)
+        framing: CodecError | None = None
+        previous = -1
+        try:
+            while r.remaining:
+                at = r.offset
+                tlv_type = r.u16("TLV type")
+                length = r.u16("TLV length")
+                inner = r.window(length, "TLV value", tlv_type)
+                spans.append((tlv_type, length, inner))
+                if tlv_type <= previous:
+                    rule = "repeats" if tlv_type == previous else "comes after"
+                    raise NonCanonicalError(
+                        f"type {tlv_type} {rule} {tlv_name(previous)}: "
+                        "types must be strictly increasing",
+                        at,
+                        tlv_type,
+                    )
+                previous = tlv_type
+                r.bytes(length, "TLV value")  # step over it (the window checked the length)
+        except CodecError as exc:
+            framing = exc.as_framing()
+        tlvs: list[AnyTLV] = []
+        errors: list[CodecError] = []
+        for tlv_type, length, inner in spans:
+            cls = self.by_type.get(tlv_type)
+            if cls is None:
+                tlvs.append(UnknownTLV(tlv_type, inner.rest()))
+                continue
+            try:
+                tlvs.append(cls.decode_from(inner))
+                if inner.remaining:  # as `Reader.close` says it
+                    raise BadLengthError(
+                        f"TLV value leaves {inner.remaining} of {length} bytes unread",
+                        inner.offset,
+                        tlv_type,
+                    )
+            except CodecError as exc:
+                errors.append(exc)
+        if framing is not None:
+            errors.append(framing)
+        elif errors:
+            present = {tlv_type for tlv_type, _, _ in spans}
+            errors.extend(
+                BadValueError(f"mandatory {tlv_name(code)} TLV is missing", start)
+                for code in sorted(MANDATORY_TYPES - present)
+            )
+        else:
+            return tuple(tlvs)
+        first = errors[0]
+        first.more = tuple(errors[1:])
+        raise first

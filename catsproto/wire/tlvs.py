@@ -164,13 +164,22 @@ class CacheModel(TLV):
     """What the block keys mean: model, block size and how keys were derived.
 
     model_id: UTF-8, 1..255 bytes (e.g. "meta-llama/Llama-3.1-8B-Instruct").
-    block_size: tokens per block, 1..2^32-1. secret_id: which keying secret hashed the keys.
+    block_size: tokens per block, 1..2^32-1. key_scheme: 1..255 (0 is malformed); a code
+    `KeyScheme` does not name stays a plain int and re-encodes unchanged, so the attribute
+    stays well-formed and a receiver ignores just the cache state whose keys it cannot
+    derive (`has_known_key_scheme`), keeping the metrics. secret_id: which keying secret
+    hashed the keys.
     """
 
     model_id: Annotated[str, Text()]
     block_size: Annotated[int, UInt(4, 1)]
-    key_scheme: Annotated[KeyScheme, U8]
+    key_scheme: Annotated[KeyScheme | int, OpenEnum(UInt(1, 1))]  # unknown schemes kept
     secret_id: Annotated[int, U32]
+
+    @property
+    def has_known_key_scheme(self) -> bool:
+        """Whether this codec names the key scheme (else the block keys mean nothing here)."""
+        return isinstance(self.key_scheme, KeyScheme)
 
 
 @record
