@@ -58,6 +58,7 @@ def advert(
     epoch=1,
     block=BLOCK,
     secret_id=1,
+    key_scheme=wire.KeyScheme.BLAKE2B64_CHAINED,
 ):
     tlvs = [
         wire.Version(1),
@@ -82,7 +83,7 @@ def advert(
                 ),
             )
         ),
-        wire.CacheModel("test-model", block, wire.KeyScheme.BLAKE2B64_CHAINED, secret_id),
+        wire.CacheModel("test-model", block, key_scheme, secret_id),
     ]
     if entries:
         tlvs.append(wire.CacheSummaries(tuple(entries)))

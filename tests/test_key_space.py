@@ -60,3 +60,22 @@ def test_an_instance_that_moves_to_the_new_secret_counts_again():
     rib.accept(advert("10.0.1.1", 1, [entry(KEYS, version=2)], seq=2, secret_id=2), now_ms=1001)
     d = _decide(rib, space)
     assert str(d.chosen.address) == "10.0.1.1" and d.chosen.cached_blocks == 12
+
+
+def test_an_unknown_key_scheme_keeps_the_metrics_and_drops_the_cache():
+    """Keys derived by a scheme this receiver does not know mean nothing here: the
+    route's load is used, its summaries are refused, and what the origin claimed before
+    goes with them."""
+    rib = _rib(near_secret=1, far_secret=1)
+    adv = advert("10.0.1.1", 1, [entry(KEYS, version=2)], seq=2, backlog=5000.0, key_scheme=9)
+    adv = wire.decode(wire.encode(adv))  # as a receiver gets it: the scheme kept as an int
+    result = rib.accept(adv, now_ms=1001)
+    assert result.metrics_updated
+    assert [o[2] for o in result.outcomes] == ["rejected: unknown key scheme 9"]
+    inst = result.instance
+    assert inst.tiers == {} and inst.backlog_tokens == 5000.0
+    assert rib.rejected_total == 1
+    d = _decide(rib, None)
+    assert str(d.chosen.address) == "10.0.2.1" and d.chosen.cached_blocks == 12
+    near = d.runner_up
+    assert str(near.address) == "10.0.1.1" and near.cached_blocks == 0 and near.queue_ms > 0

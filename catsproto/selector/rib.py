@@ -332,6 +332,23 @@ class RIB:
             table.touch(inst)
         inst.epoch_seq = max(inst.epoch_seq, seq)
         model = adv.cache_model
+        if model is not None and not model.has_known_key_scheme:
+            # keys derived in a way this receiver cannot: nothing it says of its cache can
+            # match a key computed here. Metrics count; every summary entry is refused and
+            # what the origin said of its cache before goes (its keys changed meaning).
+            metrics_updated = self._metrics(table, inst, adv)
+            entries = adv.cache_summaries.entries if adv.cache_summaries else ()
+            reason = f"unknown key scheme {int(model.key_scheme)}"
+            for e in entries:
+                shard = (e.key_lo, e.key_hi)
+                self.rejected.append(f"{origin.address} {e.tier.name.lower()} {shard}: {reason}")
+                self.rejected_total += 1
+            if inst.tiers:
+                inst.tiers.clear()
+                inst.summaries_changed()
+                table.touch(inst)
+            outcomes = [(e.tier, (e.key_lo, e.key_hi), f"rejected: {reason}") for e in entries]
+            return AcceptResult(inst, outcomes, metrics_updated)
         if model is not None:
             resized = model.block_size != inst.block_size
             space = (model.model_id, int(model.key_scheme), model.secret_id)
