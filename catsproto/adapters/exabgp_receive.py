@@ -672,7 +672,7 @@ def _tee(lines: Iterable[str], path: Path) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from catsproto.commands import attribute_type_code
+    from catsproto.adapters.cli_args import attribute_type_code
 
     sys.stdout = sys.stderr  # ExaBGP would read anything on our stdout as a command
     p = argparse.ArgumentParser(description="ExaBGP API process receiving cache state")

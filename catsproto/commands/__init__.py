@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
+from catsproto.adapters.cli_args import attribute_type_code
 from catsproto.wire.codes import DEFAULT_ATTRIBUTE_TYPE
 
 
@@ -88,18 +89,6 @@ class CommandParser(argparse.ArgumentParser):
         """A command line argparse refuses: one line on stderr and exit 2, as for every
         other bad input (argparse's own form adds the usage lines above it)."""
         self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
-
-
-def attribute_type_code(text: str) -> int:
-    """A path attribute type code: one octet, 0..255 (argparse `type`, so a bad one is
-    refused while the command line is parsed, before any input is read)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"{value} outside 0..255 (one octet)")
-    return value
 
 
 def add_type_code(parser: argparse.ArgumentParser) -> None:
