@@ -4,73 +4,20 @@ changes, depths and hit counts on random workloads over one to four tiers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catsproto.node.cache import BlockEvent, BlockEventKind, PrefixHit, TieredCache, TierSpec
+from benchmarks.build import reference_admit
+from catsproto.node.cache import BlockEventKind, TieredCache, TierSpec
 from catsproto.wire import Tier
 
 
 class PlainCache(TieredCache):
-    """The straightforward admit: one event per block through the public primitives,
-    merged afterwards."""
+    """The straightforward admit the benchmark also times: one event per block through
+    the public primitives, merged afterwards (`benchmarks/build.py`)."""
 
-    def admit(self, keys: Sequence[int]) -> tuple[PrefixHit, list[BlockEvent]]:
-        if self.specs[self.order[0]].capacity_blocks < 1:
-            raise ValueError("the top tier needs room for at least one block to admit")
-        hit = self.lookup(keys)
-        for k in keys[: hit.depth]:
-            self.hits[k] = self.hits.get(k, 0) + 1
-        events: list[BlockEvent] = []
-        top = self.order[0]
-        parent_depth = 0
-        for k in keys:
-            self.depth.setdefault(k, parent_depth + 1)
-            parent_depth = self.depth[k]
-            where = self.tier_of(k)
-            if where == top:
-                self._touch(top, k)
-                continue
-            if where is not None:
-                self._discard(where, k)
-                events.append(BlockEvent(BlockEventKind.MOVED, where, (k,), top))
-            else:
-                events.append(BlockEvent(BlockEventKind.STORED, top, (k,)))
-            self._plain_make_room(top, events)
-            self._insert(top, k)
-        for k in reversed(keys):
-            if k in self._lru[top]:
-                self._touch(top, k)
-        return hit, merged(events)
-
-    def _plain_make_room(self, tier: Tier, events: list[BlockEvent]) -> None:
-        capacity = self.specs[tier].capacity_blocks
-        lru = self._lru[tier]
-        while lru and len(lru) >= capacity:
-            victim = next(iter(lru))
-            self._discard(tier, victim)
-            i = self.order.index(tier)
-            below = self.order[i + 1] if i + 1 < len(self.order) else None
-            if below is not None and self.specs[below].capacity_blocks > 0:
-                self._plain_make_room(below, events)
-                self._insert(below, victim)
-                events.append(BlockEvent(BlockEventKind.MOVED, tier, (victim,), below))
-            else:
-                events.append(BlockEvent(BlockEventKind.REMOVED, tier, (victim,)))
-
-
-def merged(events: list[BlockEvent]) -> list[BlockEvent]:
-    out: list[BlockEvent] = []
-    for ev in events:
-        last = out[-1] if out else None
-        if last and (last.kind, last.tier, last.to_tier) == (ev.kind, ev.tier, ev.to_tier):
-            out[-1] = BlockEvent(ev.kind, ev.tier, last.keys + ev.keys, ev.to_tier)
-        else:
-            out.append(ev)
-    return out
+    admit = reference_admit
 
 
 def state(cache: TieredCache) -> tuple:
