@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from catsproto.adapters import netns
-from catsproto.lab import runner
+from catsproto.lab import flows, runner
 
 CATS4 = Path(__file__).resolve().parent.parent / "lab" / "cats4.clab.yml"
 
@@ -34,3 +34,11 @@ def cats4_lab(run_dir: Path, tag: str, **options: Any) -> Iterator[runner.Lab]:
         lab.down()
         assert netns.leftover_namespaces(lab.tag) == []
         assert not any(netns.pid_alive(pid) for pid in pids)
+
+
+def client_to_site(lab: runner.Lab, site: int, repeat: int, *extra: str) -> dict:
+    """The lab's flows client, as the API token's holder: ask the steering API for the
+    conversation cached at `site`, `repeat` follow-up turns, then `extra` options."""
+    argv = ["client", "--api", flows.api_url(lab), "--api-token-file"]
+    argv += [str(flows.api_token_file(lab)), "--site", str(site), "--repeat", str(repeat)]
+    return flows.run_client(lab, [*argv, *extra])

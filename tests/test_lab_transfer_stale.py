@@ -31,7 +31,7 @@ from catsproto.lab import flows, runner
 from catsproto.lab.instances import demo_prefix_keys
 from catsproto.lab.steering import rib_from_receiver
 from catsproto.selector import RIB
-from tests.lab_helpers import RANDOM_PROMPT, cats4_lab
+from tests.lab_helpers import RANDOM_PROMPT, cats4_lab, client_to_site
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
@@ -107,21 +107,7 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
 
     lab.wait_for(evicted, 10, "the conversation pushed out of X's cache, more queued")
     assert _claimed_at_x(lab) == 24  # the selector has not heard of it yet
-    result = flows.run_client(
-        lab,
-        [
-            "client",
-            "--api",
-            flows.api_url(lab),
-            "--api-token-file",
-            str(flows.api_token_file(lab)),
-            "--site",
-            "3",
-            "--repeat",
-            "0",
-            "--proxy",
-        ],
-    )
+    result = client_to_site(lab, 3, 0, "--proxy")
     answered = time.monotonic() - heard
     steering, reply = result["proxied"]["reply"]["steering"], result["proxied"]["reply"]["reply"]
     assert steering["instance"] == X and steering["chosen"]["cached_blocks"] == 24, (

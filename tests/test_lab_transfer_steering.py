@@ -27,7 +27,7 @@ import pytest
 from catsproto.lab import flows, runner
 from catsproto.lab.instances import BLOCK_TOKENS, LAB_PREFILL_TPS, demo_prefix_keys, lab_key
 from catsproto.lab.steering import rib_from_receiver
-from tests.lab_helpers import RANDOM_PROMPT, cats4_lab
+from tests.lab_helpers import RANDOM_PROMPT, cats4_lab, client_to_site
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"  # computed site 3's conversation at start
@@ -100,21 +100,7 @@ def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
         flows.Capture(lab, "c3-e3", bpf, node="c3") as on_path,
         flows.Capture(lab, "c1-c2", "tcp port 7470", node="c1") as off_path,
     ):
-        result = flows.run_client(
-            lab,
-            [
-                "client",
-                "--api",
-                flows.api_url(lab),
-                "--api-token-file",
-                str(flows.api_token_file(lab)),
-                "--site",
-                "3",
-                "--repeat",
-                "0",
-                "--proxy",
-            ],
-        )
+        result = client_to_site(lab, 3, 0, "--proxy")
     proxied = result["proxied"]
     steering, reply = proxied["reply"]["steering"], proxied["reply"]["reply"]
     y = steering["instance"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from catsproto.lab import flows, runner
-from tests.lab_helpers import cats4_lab
+from tests.lab_helpers import cats4_lab, client_to_site
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 REMOTE = "10.103.0.11"  # site 3's first instance: it computed site 3's conversation
@@ -57,23 +57,7 @@ def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(
         flows.Capture(lab, "c3-e3", bpf, node="c3") as on_path,
         flows.Capture(lab, "c1-c2", bpf, node="c1") as off_path,
     ):
-        result = flows.run_client(
-            lab,
-            [
-                "client",
-                "--api",
-                flows.api_url(lab),
-                "--api-token-file",
-                str(flows.api_token_file(lab)),
-                "--site",
-                "3",
-                "--repeat",
-                "3",
-                "--compare",
-                f"http://{NEAREST}:8100",
-                "--proxy",
-            ],
-        )
+        result = client_to_site(lab, 3, 3, "--compare", f"http://{NEAREST}:8100", "--proxy")
     for decision in result["decisions"]:
         assert decision["instance"] == REMOTE and decision["site"] == 3
         assert decision["path"] == ["e1", "c1", "c3", "e3"]
