@@ -90,14 +90,23 @@ class HandshakeDeadlineError(PeerAuthError):
         super().__init__("handshake", f"{what} not done within the deadline of {seconds:g} s")
 
 
+class RequestDeadlineError(TransferError):
+    """An authenticated puller did not finish sending its PULL within the time allowed."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        super().__init__(f"request: {what} not done within the deadline of {seconds:g} s")
+
+
 @dataclass
 class Deadline:
-    """One absolute limit (on `time.monotonic()`) for the unauthenticated phase: before
-    each blocking step the socket's timeout is set to the time left (at most `per_op`),
-    so a peer trickling a byte just before each timeout still runs out of time."""
+    """One absolute limit (on `time.monotonic()`) for one phase (by default the
+    unauthenticated one): before each blocking step the socket's timeout is set to the
+    time left (at most `per_op`), so a peer trickling a byte just before each timeout
+    still runs out of time. At expiry `error(seconds, what)` is raised."""
 
     seconds: float
     per_op: float
+    error: Callable[[float, str], TransferError] = HandshakeDeadlineError
     at: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -106,11 +115,15 @@ class Deadline:
     def arm(self, sock: socket.socket, what: str) -> None:
         left = self.at - time.monotonic()
         if left <= 0:
-            raise HandshakeDeadlineError(self.seconds, what)
+            raise self.error(self.seconds, what)
         sock.settimeout(min(left, self.per_op))
 
     def passed(self) -> bool:
         return time.monotonic() >= self.at
+
+    def expired(self, what: str) -> TransferError:
+        """The error to raise for `what` once the deadline has passed."""
+        return self.error(self.seconds, what)
 
 
 class ChannelError(TransferError):
@@ -254,9 +267,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Deadline | None = None) -
             part = sock.recv(n - len(buf))
         except TimeoutError:
             if deadline is not None and deadline.passed():
-                raise HandshakeDeadlineError(
-                    deadline.seconds, f"offer ({len(buf)}/{n} bytes)"
-                ) from None
+                raise deadline.expired(f"offer ({len(buf)}/{n} bytes)") from None
             raise
         if not part:
             raise PeerAuthError("handshake", f"connection closed during the offer ({len(buf)}/{n})")
@@ -304,6 +315,8 @@ def secure(
             deadline.arm(sock, "offer")
         send_offer(sock, identity.certificate)
     else:
+        if deadline is not None:
+            deadline.arm(sock, "our offer")
         send_offer(sock, identity.certificate)
         offered = read_offer(sock, deadline)
         policy.check(offered)
@@ -315,7 +328,7 @@ def secure(
         seen = tls.getpeercert(binary_form=True)
     except (ssl.SSLError, OSError) as exc:
         if deadline is not None and isinstance(exc, TimeoutError) and deadline.passed():
-            raise HandshakeDeadlineError(deadline.seconds, "TLS handshake") from None
+            raise deadline.expired("TLS handshake") from None
         raise PeerAuthError("handshake", str(exc)) from None
     if deadline is not None:
         tls.settimeout(deadline.per_op)
@@ -349,6 +362,8 @@ class ServerOptions:
 
     timeout: seconds any one read or write may block (a stalled puller is dropped).
     handshake_timeout: seconds from accept to the end of the TLS handshake, in all.
+    request_timeout: seconds from then (from accept over bare TCP) until the PULL (or a
+        CANCEL) has come in whole, in all (default handshake_timeout).
     max_connections: connections served at once; one more is closed at accept, unserved.
     max_handshakes: of those, how many may still be unauthenticated (default half of
         max_connections, at least 1), so peers that never authenticate cannot take every
@@ -365,6 +380,7 @@ class ServerOptions:
     plaintext: bool = False  # benchmarks only: the same frames over bare TCP
     timeout: float = 30.0
     handshake_timeout: float = 5.0
+    request_timeout: float | None = None
     max_connections: int = 64
     max_handshakes: int | None = None
     max_handshakes_per_source: int | None = None
@@ -384,6 +400,10 @@ class ServerOptions:
             raise ValueError(
                 f"handshake_timeout {self.handshake_timeout} s is not a positive number"
             )
+        if self.request_timeout is None:
+            self.request_timeout = self.handshake_timeout
+        if not 0 < self.request_timeout < math.inf:
+            raise ValueError(f"request_timeout {self.request_timeout} s is not a positive number")
         if self.max_connections < 1:
             raise ValueError(f"max_connections {self.max_connections} is not >= 1")
         if self.max_handshakes is None:
@@ -425,6 +445,9 @@ class ServerStats:
     handshake_timeouts: int = 0
     """Connections dropped when handshake_timeout passed before they authenticated
     (also counted in `errors`)."""
+    request_timeouts: int = 0
+    """Connections dropped when request_timeout passed after authentication before the
+    PULL had come in whole (also counted in `errors`)."""
     too_slow: int = 0
     """Pulls dropped when they outlived timeout plus their bytes at min_rate_bps (also
     counted in `errors`)."""
@@ -572,6 +595,9 @@ class TransferServer:
             if isinstance(exc, HandshakeDeadlineError):
                 with self._lock:
                     self.stats.handshake_timeouts += 1
+            elif isinstance(exc, RequestDeadlineError):
+                with self._lock:
+                    self.stats.request_timeouts += 1
         except Exception as exc:  # a bug must cost one connection, never the server
             record.error = f"internal {type(exc).__name__}: {exc}"
         finally:
@@ -585,12 +611,26 @@ class TransferServer:
         holder = Holder(
             self.lookup, o.epoch, chunk=o.chunk, rate_bps=o.rate_bps, min_rate_bps=o.min_rate_bps
         )
+        # one deadline for the whole request, as for the handshake: a trusted peer that
+        # trickles its PULL a byte per `timeout` is dropped all the same
+        assert o.request_timeout is not None
+        deadline = Deadline(o.request_timeout, o.timeout, RequestDeadlineError)
+        got = 0
         while holder.pull is None and not holder.finished:
-            data = sock.recv(RECV_SIZE)
+            what = f"PULL ({got} bytes in)"
+            deadline.arm(sock, what)
+            try:
+                data = sock.recv(RECV_SIZE)
+            except TimeoutError:
+                if deadline.passed():
+                    raise deadline.expired(what) from None
+                raise
+            got += len(data)
             if not data:
                 record.error = "connection closed before a PULL"
                 return
             holder.receive(data)
+        sock.settimeout(o.timeout)  # back from the deadline's time left
         if holder.pull is None:  # cancelled before it asked for anything
             record.cancelled = True
             return
@@ -703,27 +743,46 @@ def pull(
     resume: ResumeState | None = None,
     rate_bps: int = 0,
     timeout: float = 30.0,
+    handshake_timeout: float = 5.0,
     cancel: threading.Event | None = None,
     keep_events: bool = False,
     source_address: str | None = None,
 ) -> PullResult:
     """Pull the prefix `keys` from the holder at `address` (from `source_address`, e.g.
     the instance's own address, if given). TLS unless both identity and policy are None
-    (benchmarks' plaintext baseline)."""
+    (benchmarks' plaintext baseline).
+
+    `timeout` bounds each read or write; `handshake_timeout` bounds the connect, the
+    offers and the TLS handshake together (the connect alone over bare TCP), so a holder
+    that trickles its side cannot hold the puller: at expiry the result's error is a
+    `HandshakeDeadlineError`. A bad value of either raises ValueError."""
+    if not 0 < timeout < math.inf:
+        raise ValueError(f"timeout {timeout} s is not a positive number")
+    if not 0 < handshake_timeout < math.inf:
+        raise ValueError(f"handshake_timeout {handshake_timeout} s is not a positive number")
     puller = Puller(transfer_id, keys, resume=resume, rate_bps=rate_bps)
     started = time.perf_counter()
     events: list[PullerEvent] = []
     completed: Completed | None = None
     peer = ""
+    deadline = Deadline(handshake_timeout, timeout)
     try:
         bind = (source_address, 0) if source_address else None
-        raw = socket.create_connection(address, timeout=timeout, source_address=bind)
+        try:
+            raw = socket.create_connection(
+                address, timeout=min(timeout, handshake_timeout), source_address=bind
+            )
+        except TimeoutError:
+            if deadline.passed():
+                raise deadline.expired(f"connect to {address[0]}:{address[1]}") from None
+            raise
+        raw.settimeout(timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
         try:
             if identity is not None or policy is not None:
                 assert identity is not None and policy is not None
-                sock, auth = secure(raw, identity, policy, server_side=False)
+                sock, auth = secure(raw, identity, policy, server_side=False, deadline=deadline)
                 peer = auth.key_id.hex()
             sock.sendall(puller.start())
             while completed is None:
