@@ -19,7 +19,9 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
 The decision's detail (cached-block counts, estimates, runner-up, explanation) would
 tell anyone who guesses a prompt whether it is cached, so it goes only to callers with
 the API token (``--api-token-file``; ``Authorization: Bearer TOKEN``, others get 401);
-a daemon started without one answers everybody with the choice alone (`public_answer`).
+a daemon started without one answers everybody with the choice alone (`public_answer`),
+and on /generate with the instance's reply cut to what tells nothing of its cache
+(`public_generate`).
 
 Three small parts, each testable alone:
 
