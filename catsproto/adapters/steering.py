@@ -19,7 +19,9 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
 The decision's detail (cached-block counts, estimates, runner-up, explanation) would
 tell anyone who guesses a prompt whether it is cached, so it goes only to callers with
 the API token (``--api-token-file``; ``Authorization: Bearer TOKEN``, others get 401);
-a daemon started without one answers everybody with the choice alone (`public_answer`).
+a daemon started without one answers everybody with the choice alone (`public_answer`),
+and on /generate with the instance's reply cut to what tells nothing of its cache
+(`public_generate`).
 
 Three small parts, each testable alone:
 
@@ -698,6 +700,36 @@ def public_answer(answer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# what a caller without an API token is told of the chosen instance's /generate reply: an
+# allow-list, so a field an instance adds later is withheld until someone decides it is
+# safe. The instance's `blocks` is the prompt's count of full blocks, which the caller can
+# work out from its own prompt. The modelled instance generates no output (it answers
+# when prefill ends, the first token); an engine that returns output names its field here.
+# Everything else it reports says how much of the prompt was cached: cached_blocks(_by_tier),
+# cached_tokens, prefill_tokens, model_prefill_ms, expected_blocks, stale, stale_cause,
+# evicted_ms_ago, lost_while_queued, transfer, and queue_wall_ms (the queue's wait is the
+# prefill of the requests ahead, so it tells of other callers' cache hits).
+PUBLIC_REPLY_FIELDS = ("blocks",)
+REPLY_WITHHELD_NOTE = (
+    "no API token configured: the instance's cached-block and cached-token counts, "
+    "stale-hit verdict, transfer and prefill/queue timings are withheld (start the daemon "
+    "with --api-token-file to serve them to token holders)"
+)
+
+
+def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
+    """A /generate answer as a caller without a token gets it: the choice, the instance's
+    reply without anything that reveals cache state, and the caller's own first-token
+    time (`proxy_ttft_ms`, which the caller measures anyway by timing its request)."""
+    reply = answer.get("reply")
+    if isinstance(reply, dict):
+        reply = {k: reply[k] for k in PUBLIC_REPLY_FIELDS if k in reply}
+        reply["withheld"] = REPLY_WITHHELD_NOTE
+    else:  # not a JSON object: nothing in it is known to be safe
+        reply = {"withheld": REPLY_WITHHELD_NOTE}
+    return {**answer, "steering": public_answer(answer["steering"]), "reply": reply}
+
+
 def read_api_token(path: str | Path) -> bytes:
     """The API token in a file (surrounding whitespace stripped): at least 16 characters
     of printable ASCII, the form a bearer token takes in an HTTP header."""
@@ -745,7 +777,7 @@ class SteeringServer(BackgroundHTTPServer):
     `max_handlers` at once, each request within `read_timeout` seconds). With an
     `api_token`, POST /decide and /generate take only callers that send it as a bearer
     token (others get 401) and answer the whole decision; without one, they answer
-    everyone with `public_answer`."""
+    everyone with `public_answer` (and /generate with `public_generate`)."""
 
     def __init__(
         self,
@@ -833,7 +865,7 @@ def _handler(
                 else:
                     answer = service.generate(body)
                     if not full:
-                        answer = {**answer, "steering": public_answer(answer["steering"])}
+                        answer = public_generate(answer)
                     self._json(200, answer)
             except BodyError as exc:
                 service.bad_requests += 1
