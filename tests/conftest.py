@@ -27,3 +27,14 @@ def engine(ctx: zmq.Context) -> Iterator[RawEngine]:
     e = RawEngine(ctx)
     yield e
     e.close()
+
+
+@pytest.fixture(scope="module")
+def ids():
+    """The transfer tests' holder and puller TLS identities (`tests/transfer_helpers`)."""
+    from tests.transfer_helpers import identities
+
+    made = identities()
+    yield made
+    for i in made.values():
+        i.close()

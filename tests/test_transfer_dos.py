@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,16 +23,13 @@ from catsproto.adapters.transfer_tls import (
     Deadline,
     HandshakeDeadlineError,
     PeerPolicy,
-    ServedTransfer,
     ServerOptions,
     TransferIdentity,
     TransferServer,
     pull,
     read_offer,
     secure,
-    wall_clock_ms,
 )
-from catsproto.security import SigningKey, TrustStore, authorise
 from catsproto.transfer import (
     Holder,
     PeerRefusedError,
@@ -52,88 +49,25 @@ from catsproto.transfer.frames import (
     encode,
     encode_data,
 )
+from tests.transfer_helpers import (
+    HOLDER,
+    TRUST,
+    holder_policy,
+    serve,
+    trickle,
+    wait_ended,
+)
 
-OPERATOR = SigningKey.from_seed(b"o" * 32)
-HOLDER = SigningKey.from_seed(b"h" * 32)
-PULLER = SigningKey.from_seed(b"p" * 32)
-NOW = wall_clock_ms()
-TRUST = TrustStore().with_operator(OPERATOR.public.raw, "operator")
-for _k in (HOLDER, PULLER):
-    TRUST = TRUST.with_delegation(
-        authorise(
-            OPERATOR,
-            _k.public.raw,
-            cs_ids=[1],
-            routes=["10.0.0.0/8"],
-            addresses=["10.0.0.0/8"],
-            not_before_ms=NOW - 60_000,
-            not_after_ms=NOW + 3_600_000,
-        )
-    )
 KEYS = synthetic_keys(5, 4)
 STORE = synthetic_store(KEYS, 64 << 10)
 
 
-@pytest.fixture(scope="module")
-def ids() -> Iterator[dict[str, TransferIdentity]]:
-    made = {"holder": TransferIdentity(HOLDER), "puller": TransferIdentity(PULLER)}
-    yield made
-    for i in made.values():
-        i.close()
-
-
-@contextlib.contextmanager
 def server(
     identity: TransferIdentity,
     lookup: Callable[[int], StoredBlock | None] = STORE.get,
     **options: object,
-) -> Iterator[TransferServer]:
-    srv = TransferServer(identity, PeerPolicy(TRUST), lookup, options=ServerOptions(**options))
-    with srv:
-        yield srv
-
-
-def holder_policy() -> PeerPolicy:
-    return PeerPolicy(TRUST, expected_key_id=HOLDER.key_id)
-
-
-def wait_ended(srv: TransferServer, limit: float) -> ServedTransfer | None:
-    """The first served record once it has an outcome, or None after `limit` seconds."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        with srv._lock:
-            done = [s for s in srv.served if s.error or s.cancelled or s.blocks_sent]
-        if done and srv.stats.connections == srv.stats.completed + srv.stats.errors:
-            return done[0]
-        time.sleep(0.01)
-    return None
-
-
-def closed_by_peer(sock: socket.socket, wait: float) -> bool:
-    """Whether the other side closed (EOF or reset) within `wait` seconds."""
-    r, _, _ = select.select([sock], [], [], wait)
-    if not r:
-        return False
-    try:
-        return sock.recv(65536) == b""
-    except OSError:
-        return True
-
-
-def trickle(sock: socket.socket, data: bytes, every: float, limit: float) -> float | None:
-    """Send `data` a byte at a time, one each `every` s; seconds until the server closed
-    the connection, or None if it was still open after `limit` s."""
-    started = time.monotonic()
-    for b in data:
-        if time.monotonic() - started > limit:
-            return None
-        try:
-            sock.sendall(bytes([b]))
-        except OSError:
-            return time.monotonic() - started
-        if closed_by_peer(sock, every):
-            return time.monotonic() - started
-    return None
+) -> contextlib.AbstractContextManager[TransferServer]:
+    return serve(identity, lookup, **options)
 
 
 # ---- a late EVICTED: a transfer error, not an IndexError -------------------------------
