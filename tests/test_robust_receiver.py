@@ -417,23 +417,29 @@ def test_message_that_cannot_be_parsed_is_counted_logged_and_run_lives_on(tmp_pa
 # ---- the real receiver process -------------------------------------------------------
 
 
-def test_receiver_process_survives_bad_trust_files_and_bad_json(tmp_path):
-    """`python -m catsproto.adapters.exabgp_receive`, as ExaBGP runs it, fed line by line
-    while its trust file is rewritten under it."""
-    out, trust = tmp_path / "rib", tmp_path / "trust.json"
-    trust.write_text(_trust_json())
-    now = int(time.time() * 1000)  # the process reads its own clock: sign for now
+def trust_for_now(now_ms: int) -> security.TrustStore:
+    """The fixture's operator and node, delegated for an hour around `now_ms` (a daemon
+    that reads its own clock needs a delegation valid now, not at the vectors' time)."""
     delegation = security.authorise(
         F.operator,
         F.node.public.raw,
         cs_ids=[100],
         routes=["10.0.0.0/16"],
         addresses=["192.0.2.0/24"],
-        not_before_ms=now - 60_000,
-        not_after_ms=now + 3_600_000,
+        not_before_ms=now_ms - 60_000,
+        not_after_ms=now_ms + 3_600_000,
     )
     store = security.TrustStore().with_operator(F.operator.public.raw, "op")
-    store = store.with_delegation(delegation)
+    return store.with_delegation(delegation)
+
+
+def test_receiver_process_survives_bad_trust_files_and_bad_json(tmp_path):
+    """`python -m catsproto.adapters.exabgp_receive`, as ExaBGP runs it, fed line by line
+    while its trust file is rewritten under it."""
+    out, trust = tmp_path / "rib", tmp_path / "trust.json"
+    trust.write_text(_trust_json())
+    now = int(time.time() * 1000)  # the process reads its own clock: sign for now
+    store = trust_for_now(now)
     trust.write_text(_trust_json(store))
 
     def signed(seq: int) -> bytes:

@@ -15,6 +15,7 @@ import pytest
 from catsproto import security, wire
 from catsproto.adapters import exabgp_receive as rx
 from catsproto.security.vectors import NLRI, NOW_MS, fixture
+from tests.test_robust_receiver import trust_for_now
 
 F = fixture()
 PEER = "10.0.0.1"
@@ -36,20 +37,6 @@ def _update(value: bytes, type_code: int = 255) -> str:
             },
         }
     )
-
-
-def _trust_for_now(now_ms: int) -> security.TrustStore:
-    delegation = security.authorise(
-        F.operator,
-        F.node.public.raw,
-        cs_ids=[100],
-        routes=["10.0.0.0/16"],
-        addresses=["192.0.2.0/24"],
-        not_before_ms=now_ms - 60_000,
-        not_after_ms=now_ms + 3_600_000,
-    )
-    store = security.TrustStore().with_operator(F.operator.public.raw, "op")
-    return store.with_delegation(delegation)
 
 
 def _daemon(tmp_path: Path, lines: list[str], *args: str) -> tuple[list[dict], str]:
@@ -74,7 +61,7 @@ def _daemon(tmp_path: Path, lines: list[str], *args: str) -> tuple[list[dict], s
 def test_daemon_verifies_for_the_type_code_it_reads(tmp_path):
     now = int(time.time() * 1000)  # the process reads its own clock
     trust = tmp_path / "trust.json"
-    trust.write_text(json.dumps(_trust_for_now(now).to_json()))
+    trust.write_text(json.dumps(trust_for_now(now).to_json()))
 
     def value(seq: int, attribute_type: int) -> bytes:
         adv = F.base.replace(wire.Sequence(1, seq), wire.Timestamp(now))
@@ -193,7 +180,7 @@ def test_event_log_rotates_at_its_size_limit(tmp_path):
 def test_daemon_rotates_its_event_log(tmp_path):
     trust = tmp_path / "trust.json"
     now = int(time.time() * 1000)
-    trust.write_text(json.dumps(_trust_for_now(now).to_json()))
+    trust.write_text(json.dumps(trust_for_now(now).to_json()))
 
     def value(seq: int) -> bytes:
         adv = F.base.replace(

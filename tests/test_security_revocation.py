@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from catsproto import security, wire
 from catsproto.adapters import exabgp_receive as rx
 from catsproto.security import OperatorScope, Reason, TrustFileError, TrustStore
 from catsproto.security.vectors import NLRI, NOW_MS, fixture, seed
+from tests.test_robust_receiver import _cli
 
 F = fixture()
 KEY = F.node.key_id
@@ -174,17 +173,6 @@ def test_a_key_learned_in_band_is_not_revoked_by_a_reload(tmp_path):
 
 
 # ---- the CLI writes what it removes into revoked_keys --------------------------------
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "catsproto", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture(scope="module")
