@@ -41,6 +41,15 @@ STATE = (
     "import json, sys, urllib.request\n"
     "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
 )
+# GET a steering API view as the token's holder: argv[1] = URL, argv[2] = token file
+API_VIEW = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from catsproto.adapters.steering import get_json\n"
+    "status, body = get_json(sys.argv[1], 10, Path(sys.argv[2]).read_text().strip())\n"
+    "assert status == 200, (status, body)\n"
+    "print(json.dumps(body))\n"
+)
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytestmark = pytest.mark.skip(reason="the lab stale-hit test needs root (namespaces, FRR)")
@@ -125,7 +134,10 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     )
     assert 0 <= reply["evicted_ms_ago"] < 1000 * (answered + 1)
     api = flows.api_url(lab)
-    stale = _json_in(lab, "client", api + "/stale")
+    token = str(flows.api_token_file(lab))
+    stale = json.loads(
+        lab.handle.run("client", [sys.executable, "-c", API_VIEW, api + "/stale", token], 20)
+    )
     assert stale["stale_hits"] == 1 and stale["stale_blocks"] == 24
     assert stale["by_source"] == {"local": 1}
     x_state = _json_in(lab, "e3", f"http://{X}:8100/state")["engine"]["stale_hits"]

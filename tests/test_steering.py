@@ -19,6 +19,7 @@ from catsproto.adapters.steering import (
     SteeringError,
     SteeringServer,
     SteeringService,
+    get_json,
     post_json,
 )
 from catsproto.lab import instances
@@ -30,7 +31,7 @@ TOPOLOGY = load(Path(__file__).resolve().parent.parent / "lab" / "cats4.clab.yml
 NEXT_HOPS = {"c1": "10.0.11.2", "client": "10.100.1.2"}
 
 
-def _rib_json(now_ms: int, sites: tuple[int, ...] = (1, 3)) -> dict:
+def _rib_json(now_ms: int, sites: tuple[int, ...] = (1, 3), sequence: int = 1) -> dict:
     """What the ingress's receiver would hold: each site's instances, site 3's first one
     caching its demo conversation; values signed as the lab signs them."""
     routes = []
@@ -42,7 +43,7 @@ def _rib_json(now_ms: int, sites: tuple[int, ...] = (1, 3)) -> dict:
             values = instances.instance_routes(
                 spec,
                 np.asarray(keys, dtype=np.uint64),
-                sequence=1,
+                sequence=sequence,
                 now_ms=now_ms,
                 signer=instances.lab_key(TOPOLOGY, spec.name),
             )
@@ -143,21 +144,28 @@ def test_bad_requests_name_the_field(service, body, field):
         service.request(body)
 
 
+API_TOKEN = b"a-token-for-the-steering-tests"
+
+
 def test_http_api_decides_and_reports_errors(service):
-    server = SteeringServer(service).start()
+    server = SteeringServer(service, api_token=API_TOKEN).start()
     try:
         status, answer = post_json(
-            server.url + "/decide", {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}
+            server.url + "/decide",
+            {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)},
+            token=API_TOKEN,
         )
         assert status == 200 and answer["instance"] == "10.103.0.11"
         assert isinstance(answer["decision_ms"], float) and answer["decision_ms"] >= 0
-        status, err = post_json(server.url + "/decide", {"cs_id": 100})
+        status, err = post_json(server.url + "/decide", {"cs_id": 100}, token=API_TOKEN)
         assert status == 400 and "prompt_token_ids" in err["error"]
-        status, err = post_json(server.url + "/decide", {"cs_id": 7, "block_keys": []})
+        status, err = post_json(
+            server.url + "/decide", {"cs_id": 7, "block_keys": []}, token=API_TOKEN
+        )
         assert status == 503 and "CS-ID 7" in err["error"]
-        status, flows = _get(server.url + "/flows")
+        status, flows = get_json(server.url + "/flows", token=API_TOKEN)
         assert status == 200 and flows[0]["route"].startswith("10.103.0.11/32 via 10.0.11.2")
-        status, rib = _get(server.url + "/rib")
+        status, rib = get_json(server.url + "/rib", token=API_TOKEN)
         assert {r["instance"] for r in rib} >= {"10.101.0.11", "10.103.0.11"}
     finally:
         server.close()
@@ -192,28 +200,12 @@ def test_unverified_routes_are_left_out(tmp_path):
     assert "10.103.0.11" not in {str(i.address) for i in feed.rib.services[100].live()}
 
 
-def _get(url: str) -> tuple[int, object]:
-    import http.client
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    try:
-        conn.request("GET", u.path)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
-
-
 def test_an_ingress_on_another_keying_secret_credits_no_cache(tmp_path):
     """The ingress names its key space: instances advertising another secret id (a
     rotation half done) hold none of its keys, so the nearest site wins, prefilling all."""
     rib_file = tmp_path / "rib.json"
     rib_file.write_text(json.dumps(_rib_json(int(time.time() * 1000))))
-    config = dataclasses.replace(
-        _config(str(rib_file)), secret_id=instances.DEMO_SECRET_ID + 1
-    )
+    config = dataclasses.replace(_config(str(rib_file)), secret_id=instances.DEMO_SECRET_ID + 1)
     service = SteeringService(config, Forwarder(NEXT_HOPS, dry_run=True))
     answer = service.decide({"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)})
     assert answer["site"] != 3 and answer["chosen"]["cached_blocks"] == 0

@@ -12,7 +12,7 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
                     decision ("steering"); a "compute here, pull from there" decision
                     goes with the pull instruction (below)
     GET  /flows     the routes this forwarder installed
-    GET  /rib       the instances the selector knows (address, site, blocks, freshness)
+    GET  /rib       the instances the selector knows (address, site, freshness, load)
     GET  /stale     stale hits the instances reported for proxied requests
     GET  /health
 
@@ -21,7 +21,12 @@ tell anyone who guesses a prompt whether it is cached, so it goes only to caller
 the API token (``--api-token-file``; ``Authorization: Bearer TOKEN``, others get 401);
 a daemon started without one answers everybody with the choice alone (`public_answer`),
 and on /generate with the instance's reply cut to what tells nothing of its cache
-(`public_generate`).
+(`public_generate`). The same holds for the views that move with a request's cache
+outcome: /stale (every total is about cache hits), /flows (a pull from another instance
+installs a route towards it) and /rib (advertisement sequence, age and load move when an
+instance caches a new prompt). A daemon without a token refuses /stale and /flows (403)
+and shows /rib as who is there only (`public_rib`). /health counts nothing that depends
+on a cache and stays open, for probes.
 
 Three small parts, each testable alone:
 
@@ -717,6 +722,43 @@ REPLY_WITHHELD_NOTE = (
 )
 
 
+# what a caller without an API token is told of the RIB: which instances serve which
+# CS-ID at which site (that changes only when an instance comes or goes in BGP). The rest
+# moves with requests: an instance that caches a new prompt re-advertises (sequence up,
+# age back to 0) and its queue (`backlog_tokens`) holds the uncached part of the prompts
+# sent to it, so diffing the view around one's own request tells whether it was cached
+PUBLIC_RIB_FIELDS = ("cs_id", "instance", "site")
+RIB_WITHHELD_NOTE = (
+    "no API token configured: advertisement sequence, age, load and tiers are withheld "
+    "(start the daemon with --api-token-file to serve them to token holders)"
+)
+# the GET views with no part that is safe to tell a caller without a token, and why: a
+# daemon started without one refuses them (403) rather than answer everybody
+REFUSED_WITHOUT_TOKEN = {
+    "/stale": "its totals move with each proxied request and would tell anyone whether "
+    "a prompt of theirs was expected to be cached",
+    "/flows": "a decision to compute at the ingress's site and pull the prefix from "
+    "another instance installs a route towards that instance, which would tell anyone "
+    "where a prompt of theirs is cached",
+}
+
+
+def refused_without_token(path: str) -> str:
+    """The error a daemon without an API token answers a GET of `path` with (403)."""
+    return (
+        f"GET {path} is served only to API token holders and no API token is configured: "
+        f"start the daemon with --api-token-file ({REFUSED_WITHOUT_TOKEN[path]})"
+    )
+
+
+def public_rib(view: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RIB view as a caller without a token gets it: who is there, and why not more."""
+    return [
+        {**{k: entry[k] for k in PUBLIC_RIB_FIELDS if k in entry}, "withheld": RIB_WITHHELD_NOTE}
+        for entry in view
+    ]
+
+
 def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
     """A /generate answer as a caller without a token gets it: the choice, the instance's
     reply without anything that reveals cache state, and the caller's own first-token
@@ -747,16 +789,27 @@ def post_json(
 ) -> tuple[int, Any]:
     """POST JSON on a fresh connection, with ``Authorization: Bearer TOKEN`` when given a
     token; (status, decoded body)."""
+    return _request_json("POST", url, json.dumps(body).encode(), timeout, token)
+
+
+def get_json(url: str, timeout: float = 60.0, token: str | bytes | None = None) -> tuple[int, Any]:
+    """GET on a fresh connection, with ``Authorization: Bearer TOKEN`` when given a token;
+    (status, decoded body)."""
+    return _request_json("GET", url, None, timeout, token)
+
+
+def _request_json(
+    method: str, url: str, data: bytes | None, timeout: float, token: str | bytes | None
+) -> tuple[int, Any]:
     parsed = http.client.urlsplit(url)
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"} if data is not None else {}
     if token is not None:
         headers["Authorization"] = "Bearer " + (
             token.decode("ascii") if isinstance(token, bytes) else token
         )
     try:
-        data = json.dumps(body).encode()
-        conn.request("POST", parsed.path or "/", data, headers)
+        conn.request(method, parsed.path or "/", data, headers)
         resp = conn.getresponse()
         raw = resp.read()
     except http.client.HTTPException as exc:  # a broken answer: not an OSError
@@ -775,9 +828,10 @@ def post_json(
 class SteeringServer(BackgroundHTTPServer):
     """The request API over HTTP (stdlib server, one thread per connection, at most
     `max_handlers` at once, each request within `read_timeout` seconds). With an
-    `api_token`, POST /decide and /generate take only callers that send it as a bearer
-    token (others get 401) and answer the whole decision; without one, they answer
-    everyone with `public_answer` (and /generate with `public_generate`)."""
+    `api_token`, POST /decide, /generate and GET /flows, /rib, /stale take only callers
+    that send it as a bearer token (others get 401) and answer in full; without one, the
+    POSTs answer everyone with `public_answer` (and /generate with `public_generate`),
+    /rib with `public_rib`, and /flows and /stale are refused (403). GET /health is open."""
 
     def __init__(
         self,
@@ -827,22 +881,34 @@ def _handler(
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/flows":
-                self._json(200, [r.to_json() for r in service.forwarder.installed.values()])
+            if self.path == "/health":  # counts nothing that depends on any cache (docs)
+                self._json(200, {**service.health(), "http": self.server.stats.to_json()})  # type: ignore[attr-defined]
+            elif self.path not in ("/flows", "/rib", "/stale"):
+                self._json(404, {"error": f"no {self.path}"})
+            elif expected is not None and not self._authorised():
+                self._refuse_unauthorised()
             elif self.path == "/rib":
-                self._json(200, service.rib_view())
-            elif self.path == "/stale":
+                view = service.rib_view()
+                self._json(200, view if expected is not None else public_rib(view))
+            elif expected is None:
+                self._json(403, {"error": refused_without_token(self.path)})
+            elif self.path == "/flows":
+                self._json(200, [r.to_json() for r in service.forwarder.installed.values()])
+            else:
                 with service._lock:
                     self._json(200, service.ledger.to_json())
-            elif self.path == "/health":
-                self._json(200, {**service.health(), "http": self.server.stats.to_json()})  # type: ignore[attr-defined]
-            else:
-                self._json(404, {"error": f"no {self.path}"})
 
         def _authorised(self) -> bool:
             """True if the caller sent the configured token (compared in constant time)."""
             sent = self.headers.get("Authorization", "").strip().encode("latin-1", "replace")
             return expected is not None and hmac.compare_digest(sent, expected)
+
+        def _refuse_unauthorised(self) -> None:
+            """401 to a caller without the configured token, counted; any body is unread."""
+            service.unauthorised += 1
+            self.close_connection = True
+            error = {"error": "missing or wrong API token (Authorization: Bearer TOKEN)"}
+            self._json(401, error, {"WWW-Authenticate": 'Bearer realm="steering"'})
 
         def do_POST(self) -> None:
             if self.path not in ("/decide", "/generate"):
@@ -850,10 +916,7 @@ def _handler(
                 return
             full = expected is not None and self._authorised()
             if expected is not None and not full:
-                service.unauthorised += 1
-                self.close_connection = True  # the body is left unread
-                error = {"error": "missing or wrong API token (Authorization: Bearer TOKEN)"}
-                self._json(401, error, {"WWW-Authenticate": 'Bearer realm="steering"'})
+                self._refuse_unauthorised()
                 return
             try:
                 body = read_json_body(self)
@@ -895,8 +958,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready", help="file written with the API URLs once listening")
     p.add_argument(
         "--api-token-file",
-        help="file holding the bearer token POST /decide and /generate require; without "
-        "it they answer anyone, but only the chosen instance (no cached-block counts)",
+        help="file holding the bearer token that POST /decide, /generate and GET /flows, "
+        "/rib, /stale require (GET /health stays open); without it the POSTs answer anyone "
+        "but only with the chosen instance (no cached-block counts), /rib with instance, "
+        "CS-ID and site only, and /flows and /stale are refused (403)",
     )
     p.add_argument(
         "--max-connections",

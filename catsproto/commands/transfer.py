@@ -11,7 +11,9 @@
 
 Key and trust files are those of `catsproto keygen` / `catsproto trust`. `--plaintext`
 (both sides) runs the same frames over bare TCP: a benchmark baseline, never a mode to
-deploy.
+deploy. The holder's deadlines and caps against peers that hold connections without
+pulling (`transfer_tls.ServerOptions`) and the puller's handshake deadline are options
+too, checked before anything listens or connects.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ from typing import Any
 from catsproto.adapters.stop import StopSignal
 from catsproto.commands import UsageError
 
+# the defaults of `transfer_tls.ServerOptions` and `transfer_tls.pull` (that module is
+# imported only when a transfer runs: it is slow to import for every other command);
+# tests/test_transfer_cli.py checks that they agree
+IO_TIMEOUT_S = 30.0
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 64
+MIN_RATE_BPS = 125_000
+
 
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -42,6 +52,66 @@ def _rate(args: argparse.Namespace) -> int:
     if not 0 <= args.rate < 1 << 64:
         raise UsageError(f"--rate {args.rate} is not 0 (none)..2^64-1 bytes/s")
     return int(args.rate)
+
+
+def _seconds(option: str, value: float) -> float:
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise UsageError(f"{option} {value} is not a positive, finite number of seconds")
+    return value
+
+
+def _at_least_one(option: str, value: int) -> int:
+    if value < 1:
+        raise UsageError(f"{option} {value} is not >= 1")
+    return value
+
+
+def server_options(args: argparse.Namespace) -> Any:
+    """The holder's `ServerOptions` from `transfer serve`'s arguments; a bad value (or
+    two that do not fit together) is a UsageError naming the options."""
+    from catsproto.adapters.transfer_tls import ServerOptions
+
+    timeout = _seconds("--timeout", args.timeout)
+    handshake = _seconds("--handshake-timeout", args.handshake_timeout)
+    request = handshake
+    if args.request_timeout is not None:
+        request = _seconds("--request-timeout", args.request_timeout)
+    if not 0 <= args.min_rate < 2**64:  # also refuses NaN
+        raise UsageError(f"--min-rate {args.min_rate} is not 0 (no floor)..2^64-1 bytes/s")
+    connections = _at_least_one("--max-connections", args.max_connections)
+    if args.max_handshakes is None:
+        handshakes, named = max(1, connections // 2), "(half of --max-connections)"
+    else:
+        handshakes = _at_least_one("--max-handshakes", args.max_handshakes)
+        named = "--max-handshakes"
+        if handshakes > connections:
+            raise UsageError(
+                f"--max-handshakes {handshakes} is more than --max-connections {connections}"
+            )
+    per_address = max(1, handshakes // 4)
+    if args.max_handshakes_per_address is not None:
+        per_address = _at_least_one("--max-handshakes-per-address", args.max_handshakes_per_address)
+        if per_address > handshakes:
+            raise UsageError(
+                f"--max-handshakes-per-address {per_address} is more than the "
+                f"{handshakes} unauthenticated connections allowed in all {named}"
+            )
+    try:
+        return ServerOptions(
+            epoch=args.epoch,
+            rate_bps=_rate(args),
+            chunk=args.chunk,
+            plaintext=args.plaintext,
+            timeout=timeout,
+            handshake_timeout=handshake,
+            request_timeout=request,
+            max_connections=connections,
+            max_handshakes=handshakes,
+            max_handshakes_per_source=per_address,
+            min_rate_bps=args.min_rate,
+        )
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None  # epoch, chunk: the message starts with its name
 
 
 def _synthetic(text: str, parts: int) -> list[int]:
@@ -91,17 +161,12 @@ def _credentials(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from catsproto.adapters.transfer_tls import ServerOptions, TransferServer
+    from catsproto.adapters.transfer_tls import TransferServer
     from catsproto.transfer import synthetic_keys, synthetic_store
 
     seed, count, size = _synthetic(args.synthetic, 3)
     host, port = _address(args.listen)
-    try:
-        options = ServerOptions(
-            epoch=args.epoch, rate_bps=_rate(args), chunk=args.chunk, plaintext=args.plaintext
-        )
-    except ValueError as exc:
-        raise UsageError(f"--{exc}") from None  # the message starts with the option's name
+    options = server_options(args)
     store = synthetic_store(synthetic_keys(seed, count), size)
     identity, policy = _credentials(args)
     try:
@@ -130,8 +195,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     seed, count = _synthetic(args.synthetic, 2)
     source = _address(args.source)
     rate = _rate(args)
-    if not 0 < args.timeout < math.inf:
-        raise UsageError(f"--timeout {args.timeout} is not a positive number of seconds")
+    timeout = _seconds("--timeout", args.timeout)
+    handshake_timeout = _seconds("--handshake-timeout", args.handshake_timeout)
     if not 0 <= args.transfer_id < 1 << 64:
         raise UsageError(f"--transfer-id {args.transfer_id} is not 0..2^64-1")
     keys = synthetic_keys(seed, count)
@@ -145,7 +210,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
             keys,
             transfer_id=args.transfer_id,
             rate_bps=rate,
-            timeout=args.timeout,
+            timeout=timeout,
+            handshake_timeout=handshake_timeout,
         )
     finally:
         if identity is not None:
@@ -202,6 +268,60 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--synthetic", required=True, help="SEED:COUNT:BYTES of the held prefix")
     s.add_argument("--epoch", type=int, default=1, help="holder epoch (bump on restart)")
     s.add_argument("--chunk", type=int, default=256 << 10, help="DATA chunk size in bytes")
+    s.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=IO_TIMEOUT_S,
+        help="seconds any one read or write may block: a puller that stops reading is "
+        "dropped after this long; also the base of each pull's deadline (--min-rate)",
+    )
+    s.add_argument(
+        "--handshake-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=HANDSHAKE_TIMEOUT_S,
+        help="seconds from accept until the peer is authenticated (offers and TLS "
+        "handshake together); a peer still unauthenticated then is dropped",
+    )
+    s.add_argument(
+        "--request-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="seconds from authentication (from accept with --plaintext) until the PULL "
+        "has come in whole; a peer that trickles it is dropped (default: the "
+        "--handshake-timeout)",
+    )
+    s.add_argument(
+        "--min-rate",
+        metavar="BYTES/S",
+        type=float,
+        default=MIN_RATE_BPS,
+        help="bytes/s: the lowest rate a PULL may ask (lower is refused), and a pull must "
+        "end within --timeout plus its blocks' bytes at this rate (or at --rate if lower); "
+        "0: no floor and no such deadline",
+    )
+    s.add_argument(
+        "--max-connections",
+        metavar="N",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="connections served at once; one more is closed at accept, unserved",
+    )
+    s.add_argument(
+        "--max-handshakes",
+        metavar="N",
+        type=int,
+        help="of those, how many may still be unauthenticated; one more is closed at accept "
+        "(default: half of --max-connections, at least 1)",
+    )
+    s.add_argument(
+        "--max-handshakes-per-address",
+        metavar="N",
+        type=int,
+        help="unauthenticated connections from one peer address at once (default: a "
+        "quarter of --max-handshakes, at least 1)",
+    )
     s.set_defaults(func=cmd_serve)
 
     q = tsub.add_parser(
@@ -224,8 +344,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument(
         "--timeout",
+        metavar="SECONDS",
         type=float,
         default=30.0,
-        help="seconds to wait for the connection and for each read before giving up",
+        help="seconds any one read or write may block before giving up",
+    )
+    q.add_argument(
+        "--handshake-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=HANDSHAKE_TIMEOUT_S,
+        help="seconds for the connect, both offers and the TLS handshake together (the "
+        "connect alone with --plaintext); a holder not authenticated by then is given up",
     )
     q.set_defaults(func=cmd_pull)

@@ -1,0 +1,195 @@
+"""`catsproto transfer serve` / `pull`: the holder's deadlines and caps and the puller's
+handshake deadline as options. Bad values are refused before anything listens or
+connects; good ones reach the server and the puller (the real command, real TLS sockets
+on loopback, silent peers that never send a byte)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from catsproto.adapters import transfer_tls
+from catsproto.cli import build_parser
+from catsproto.commands import UsageError
+from catsproto.commands import transfer as transfer_cli
+from tests.transfer_helpers import HOLDER, PULLER, TRUST, closed_by_peer
+
+CLI = [sys.executable, "-m", "catsproto", "transfer"]
+SERVE = ["serve", "--plaintext", "--listen", "127.0.0.1:0", "--synthetic", "7:4:1024"]
+PULL = ["pull", "--plaintext", "--from", "127.0.0.1:9", "--synthetic", "7:4"]
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    """Key files of the holder and the puller and the trust file both trust."""
+    out = {}
+    for name, obj in (
+        ("holder", HOLDER.to_json("holder")),
+        ("puller", PULLER.to_json("puller")),
+        ("trust", TRUST.to_json()),
+    ):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(obj))
+        out[name] = str(path)
+    return out
+
+
+def test_the_commands_defaults_are_the_servers_and_the_pullers():
+    o = transfer_tls.ServerOptions(plaintext=True)  # SERVE's --plaintext
+    pull = inspect.signature(transfer_tls.pull).parameters
+    assert o.timeout == pull["timeout"].default == transfer_cli.IO_TIMEOUT_S
+    assert o.handshake_timeout == o.request_timeout == transfer_cli.HANDSHAKE_TIMEOUT_S
+    assert pull["handshake_timeout"].default == transfer_cli.HANDSHAKE_TIMEOUT_S
+    assert o.max_connections == transfer_cli.MAX_CONNECTIONS
+    assert o.min_rate_bps == transfer_cli.MIN_RATE_BPS
+    args = build_parser().parse_args(["transfer", *SERVE])
+    assert transfer_cli.server_options(args) == o
+
+
+def test_every_option_reaches_the_server_options():
+    argv = ["transfer", *SERVE, "--timeout", "7.5", "--handshake-timeout", "0.25",
+            "--request-timeout", "1.5", "--min-rate", "1000", "--max-connections", "10",
+            "--max-handshakes", "4", "--max-handshakes-per-address", "2"]  # fmt: skip
+    o = transfer_cli.server_options(build_parser().parse_args(argv))
+    assert (o.timeout, o.handshake_timeout, o.request_timeout) == (7.5, 0.25, 1.5)
+    assert o.min_rate_bps == 1000
+    assert (o.max_connections, o.max_handshakes, o.max_handshakes_per_source) == (10, 4, 2)
+    # what is not given follows what is, as ServerOptions' own defaults do
+    argv = ["transfer", *SERVE, "--handshake-timeout", "2", "--max-connections", "40"]
+    o = transfer_cli.server_options(build_parser().parse_args(argv))
+    assert o.request_timeout == 2 and o.max_handshakes == 20 and o.max_handshakes_per_source == 5
+    o = transfer_cli.server_options(build_parser().parse_args([*argv, "--min-rate", "0"]))
+    assert o.min_rate_bps == 0
+
+
+@pytest.mark.parametrize(
+    ("rest", "says"),
+    [
+        ([*SERVE, "--handshake-timeout", "0"], "--handshake-timeout 0.0 is not a positive, finite"),
+        ([*SERVE, "--handshake-timeout", "-1"], "--handshake-timeout -1.0 is not"),
+        ([*SERVE, "--handshake-timeout", "nan"], "--handshake-timeout nan is not"),
+        ([*SERVE, "--handshake-timeout", "inf"], "--handshake-timeout inf is not"),
+        ([*SERVE, "--request-timeout", "0"], "--request-timeout 0.0 is not"),
+        ([*SERVE, "--request-timeout", "nan"], "--request-timeout nan is not"),
+        ([*SERVE, "--timeout", "inf"], "--timeout inf is not a positive, finite number"),
+        ([*SERVE, "--timeout", "-3"], "--timeout -3.0 is not"),
+        ([*SERVE, "--min-rate", "-1"], "--min-rate -1.0 is not 0 (no floor)..2^64-1"),
+        ([*SERVE, "--min-rate", "nan"], "--min-rate nan is not"),
+        ([*SERVE, "--min-rate", "inf"], "--min-rate inf is not"),
+        ([*SERVE, "--max-connections", "0"], "--max-connections 0 is not >= 1"),
+        ([*SERVE, "--max-handshakes", "0"], "--max-handshakes 0 is not >= 1"),
+        ([*SERVE, "--max-handshakes-per-address", "0"],
+         "--max-handshakes-per-address 0 is not >= 1"),
+        ([*SERVE, "--max-connections", "4", "--max-handshakes", "5"],
+         "--max-handshakes 5 is more than --max-connections 4"),
+        ([*SERVE, "--max-connections", "4", "--max-handshakes-per-address", "3"],
+         "--max-handshakes-per-address 3 is more than the 2 unauthenticated connections "
+         "allowed in all (half of --max-connections)"),
+        ([*SERVE, "--max-handshakes", "2", "--max-handshakes-per-address", "3"],
+         "is more than the 2 unauthenticated connections allowed in all --max-handshakes"),
+        ([*PULL, "--handshake-timeout", "0"], "--handshake-timeout 0.0 is not a positive, finite"),
+        ([*PULL, "--handshake-timeout", "nan"], "--handshake-timeout nan is not"),
+        ([*PULL, "--timeout", "inf"], "--timeout inf is not"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_exits_2_with_one_line_before_listening_or_connecting(rest, says):
+    r = subprocess.run([*CLI, *rest], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == ""  # no {"listening": ...}, no pull result: nothing was started
+
+
+def test_server_options_refuses_without_building_anything():
+    args = build_parser().parse_args(["transfer", *SERVE, "--max-handshakes", "0"])
+    with pytest.raises(UsageError, match="--max-handshakes 0"):
+        transfer_cli.server_options(args)
+
+
+class _Serve:
+    """`catsproto transfer serve` as a process, with its address once it listens."""
+
+    def __init__(self, files: dict[str, str], *options: str) -> None:
+        argv = [*CLI, "serve", "--key", files["holder"], "--trust", files["trust"],
+                "--listen", "127.0.0.1:0", "--synthetic", "7:4:1024", *options]  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        host, _, port = json.loads(line)["listening"].rpartition(":")
+        self.address = (host, int(port))
+
+    def stop(self) -> list[dict]:
+        """SIGTERM; the records of the served connections it prints at the end."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=20)
+        assert self.proc.returncode == 0, err
+        return [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+
+
+def _silent_for(address: tuple[str, int], wait: float) -> tuple[socket.socket, float]:
+    """Connect, send nothing; how long until the holder closed (math.inf: not in `wait`)."""
+    sock = socket.create_connection(address, timeout=5)
+    started = time.monotonic()
+    closed = closed_by_peer(sock, wait)
+    return sock, (time.monotonic() - started) if closed else math.inf
+
+
+def test_a_short_handshake_timeout_drops_a_silent_peer_sooner_than_the_default(files):
+    srv = _Serve(files, "--handshake-timeout", "0.5")
+    try:
+        sock, took = _silent_for(srv.address, transfer_cli.HANDSHAKE_TIMEOUT_S)
+        sock.close()
+    finally:
+        records = srv.stop()
+    # measured from our connect; the holder counts from its accept, a moment before
+    assert 0.3 <= took < 2.0, took
+    assert any("deadline of 0.5 s" in r["error"] for r in records), records
+
+
+def test_handshake_caps_from_the_command_line_close_the_next_silent_peer_at_accept(files):
+    srv = _Serve(files, "--max-connections", "4", "--max-handshakes-per-address", "1")
+    first = socket.create_connection(srv.address, timeout=5)
+    try:
+        second, took = _silent_for(srv.address, 2.0)  # the same address: over its cap
+        second.close()
+        assert took < 1.0, took  # closed at accept, long before any deadline
+        assert not closed_by_peer(first, 0.2)  # the first one keeps its slot
+    finally:
+        first.close()
+        records = srv.stop()
+    assert any(r["error"].startswith("busy handshakes: 1 connections from") for r in records)
+
+
+def test_a_short_handshake_timeout_gives_up_on_a_silent_holder(files):
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True)
+    accepting.start()
+    port = listener.getsockname()[1]
+    argv = [*CLI, "pull", "--key", files["puller"], "--trust", files["trust"],
+            "--from", f"127.0.0.1:{port}", "--synthetic", "7:4",
+            "--handshake-timeout", "0.5"]  # fmt: skip
+    try:
+        started = time.monotonic()
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        for s in (*held, listener):
+            s.close()
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] is False and out["error"].startswith("HandshakeDeadlineError"), out
+    assert "deadline of 0.5 s" in out["error"]
+    # the process start and imports included; the default would wait 5 s for the offer
+    assert took < transfer_cli.HANDSHAKE_TIMEOUT_S, took
