@@ -235,3 +235,19 @@ def test_the_accepted_verdict_keeps_route_signer_and_state():
     assert verdict.route == plain.route and verdict.signer == plain.signer
     assert verdict.state is not None and verdict.state.position == (1, 43)
     assert verdict.state.signature != plain.state.signature  # signed over other octets
+
+
+# ---- catsproto inspect --------------------------------------------------------------------
+
+
+def test_inspect_with_a_group_key_and_no_trust_shows_it_not_checked(tmp_path):
+    from catsproto.commands.inspect import make_verifier
+
+    key = tmp_path / "group.key"
+    key.write_text(json.dumps(F.group.active.to_json()))
+    check = make_verifier(None, [str(key)])
+    got = check(wire.encode(_unknown(F.at(1, 43))), None, 0.0)
+    assert got.status == "not-checked"
+    assert "AEAD algorithm 200, which this receiver does not implement" in got.detail
+    opened = check(wire.encode(security.seal(F.at(1, 43), F.group, bytes(12))), None, 0.0)
+    assert opened.status == "not-checked" and opened.advertisement == F.at(1, 43)
