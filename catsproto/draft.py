@@ -476,6 +476,8 @@ def _security_section(vectors: JSON) -> list[str]:
             f"route:   {case['nlri']}  now_ms: {case['now_ms']}",
             f"verdict: {case['reason']}",
         ]
+        if "sealed_section" in case:
+            lines.append(f"sealed:  {case['sealed_section']}")
         same = by_value.get(case["value"])
         if same is not None:
             lines.append(f"value:   that of advertisement {same}")

@@ -339,6 +339,19 @@ def examples() -> list[Example]:
                 ),
             ),
         ),
+        Example(
+            "sealed-algorithm-unknown",
+            "Cache section sealed with AEAD algorithm 200, which no registry names, under "
+            "group key 7 with a 24-octet nonce (placeholder nonce and ciphertext). The "
+            "attribute is well formed: the 12-octet nonce rule is that of algorithm 1 "
+            "only. A receiver leaves the section unopened, as without the group key, uses "
+            "the metrics and passes the TLV on unchanged.",
+            Advertisement.build(
+                *_header("192.0.2.16", seq=45),
+                MetricsL2(4),
+                SealedCache(200, 7, _filler("nonce-200", 24), _filler("ct-200", 48)),
+            ),
+        ),
     ]
 
 

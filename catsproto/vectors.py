@@ -174,8 +174,10 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         36,
     ),
     (
-        "sealed-algorithm-unknown",
-        HEADER + " 0024 0026 02 00000007 0c " + "5a" * 12 + " " + "c3" * 20,
+        # 0 is reserved; an unknown code 1-255 is well formed (the sealed-algorithm-unknown
+        # example): the section is left unopened, not the attribute refused
+        "sealed-algorithm-zero",
+        HEADER + " 0024 0026 00 00000007 0c " + "5a" * 12 + " " + "c3" * 20,
         wire.BadValueError,
         55,
         36,

@@ -99,6 +99,23 @@ signatures = st.builds(
     st.binary(min_size=1, max_size=32),
     st.binary(min_size=64, max_size=64),
 )
+# algorithm 1 with its 12-octet nonce, or a code no registry names with any nonce length
+sealed_caches = st.one_of(
+    st.builds(
+        wire.SealedCache,
+        st.just(wire.AeadAlgorithm.CHACHA20_POLY1305),
+        U32,
+        st.binary(min_size=12, max_size=12),
+        st.binary(min_size=20, max_size=80),
+    ),
+    st.builds(
+        wire.SealedCache,
+        st.integers(2, 255),
+        U32,
+        st.binary(min_size=1, max_size=255),
+        st.binary(min_size=20, max_size=80),
+    ),
+)
 unknown_tlvs = st.builds(
     wire.UnknownTLV,
     st.integers(0, 0xFFFF).filter(lambda t: t not in wire.DEFAULT_REGISTRY.by_type),
@@ -113,6 +130,7 @@ OPTIONAL = [
     cache_summaries,
     capacities(),
     hot_prefixes,
+    sealed_caches,
     signatures,
 ]
 

@@ -48,13 +48,29 @@ def _pcap(path: Path, values: list[bytes], mp_reach: bytes | None = None) -> Pat
     return path
 
 
-def _expert_messages(pcap: Path) -> list[str]:
-    """The expert-info messages of each frame ('' when none), in frame order."""
+MALFORMED_GROUP = 0x07000000  # Wireshark's PI_MALFORMED: the refusals
+UNDECODED_GROUP = 0x05000000  # PI_UNDECODED: the note on an unknown sealing algorithm
+
+
+def _experts(pcap: Path) -> list[list[tuple[str, int]]]:
+    """The (message, group) of every expert info of each frame, in frame order."""
     argv = [_tshark(), "-X", f"lua_script:{LUA}", "-r", str(pcap), "-T", "fields"]
-    argv += ["-e", "_ws.expert.message", "-E", "occurrence=a", "-E", "aggregator=|"]
+    argv += ["-e", "_ws.expert.message", "-e", "_ws.expert.group"]
+    argv += ["-E", "occurrence=a", "-E", "aggregator=|"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
     assert "Lua Error" not in out.stdout + out.stderr
-    return out.stdout.split("\n")[:-1]
+    frames = []
+    for line in out.stdout.split("\n")[:-1]:
+        messages, groups = line.split("\t")
+        pairs = zip(messages.split("|"), groups.split("|"), strict=True) if groups else ()
+        frames.append([(m, int(g)) for m, g in pairs])
+    return frames
+
+
+def _expert_messages(pcap: Path) -> list[str]:
+    """The refusals (malformed-group expert infos) of each frame, '|'-joined ('' when
+    none), in frame order; notes of other groups are not refusals."""
+    return ["|".join(m for m, g in frame if g == MALFORMED_GROUP) for frame in _experts(pcap)]
 
 
 def _mutations(seed: int = 10, per_value: int = 40) -> list[bytes]:
@@ -145,6 +161,10 @@ CASES = {
         HEADER + CACHE_MODEL[:-5] + b"\x00" + CACHE_MODEL[-4:],
         "key_scheme 0 outside 1..max",
     ),
+    "sealed algorithm zero": (
+        HEADER + bytes.fromhex("00240026 00 00000007 0c") + bytes(12) + bytes(20),
+        "algorithm 0 outside 1..max",
+    ),
     "order": (HEADER + CAP + L0, "type 16 comes after capacity: types must be strictly"),
     "repeat": (HEADER + L0 + L0, "type 16 repeats metrics-l0: types must be strictly"),
     "mandatory": (HEADER[:23] + HEADER[39:] + L0, "mandatory sequence TLV is missing"),
@@ -183,6 +203,34 @@ def test_each_rule_has_its_expert_message(tmp_path):
     assert _expert_messages(_pcap(tmp_path / "del.pcap", [HEADER + L0 + _delegation() + SIG])) == [
         ""
     ]
+
+
+def _sealed(algorithm: int, nonce_len: int) -> bytes:
+    return _tlv(
+        36, bytes([algorithm]) + (7).to_bytes(4, "big") + bytes([nonce_len]) + bytes(nonce_len + 20)
+    )
+
+
+def test_an_unknown_sealing_algorithm_is_a_note_not_a_refusal(tmp_path):
+    """Algorithm 200 (any nonce length) is well formed: the codec keeps it, tshark shows
+    it with a note of the undecoded group and no refusal; algorithm 1 with its 12-octet
+    nonce gets neither, and with 11 octets the nonce refusal."""
+    values = [
+        HEADER + L0 + _sealed(200, 24) + SIG,
+        HEADER + _sealed(1, 12),
+        HEADER + _sealed(1, 11),
+    ]
+    assert [_refused(v) for v in values] == [False, False, True]
+    frames = _experts(_pcap(tmp_path / "aead.pcap", values))
+    assert frames[0] == [
+        (
+            "unknown algorithm 200: the sealed section cannot be opened here, "
+            "the attribute is well formed",
+            UNDECODED_GROUP,
+        )
+    ]
+    assert frames[1] == []
+    assert frames[2] == [("ChaCha20-Poly1305 nonce is 11 bytes, not 12", MALFORMED_GROUP)]
 
 
 def _lua_table(name: str) -> dict[int, str]:

@@ -144,6 +144,21 @@ def test_malformed_values_dissect_leniently_and_rebuild_byte_for_byte(vector):
     assert bytes(pkt) == value
 
 
+def test_an_unknown_sealing_algorithm_is_shown_as_its_number():
+    """Algorithm 200 is well formed (the codec keeps it): scapy shows it as a number,
+    builds it back and agrees with the codec, as for algorithm 1 shown by name."""
+    vector = next(v for v in POSITIVE if v["name"] == "sealed-algorithm-unknown")
+    attribute = bytes.fromhex(vector["attribute"])
+    sealed = sl.CatsPathAttr(attribute).tlvs[-1]
+    assert isinstance(sealed, sl.CatsSealedCache) and sealed.algorithm == 200
+    assert sealed.nonce_len == 24 and not sealed.payload
+    assert "algorithm = 200" in sealed.show(dump=True)
+    assert "algorithm = chacha20-poly1305" in sl.CatsSealedCache(algorithm=1).show(dump=True)
+    adv = wire.decode_attribute_value(attribute)
+    assert_same_fields(adv.get(wire.SealedCache), sealed, "sealed-cache")
+    assert bytes(sl.attribute_from_advertisement(adv)) == attribute
+
+
 def test_redissect_inside_a_scapy_bgp_update():
     scapy_bgp.bgp_module_conf.use_2_bytes_asn = False
     adv = large_advertisement(3000)

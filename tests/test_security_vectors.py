@@ -121,5 +121,22 @@ def test_trust_file_loads_and_the_receive_script_replays():
             bytes.fromhex(step["value"]), ipaddress.ip_network(step["nlri"]), step["now_ms"]
         )
         assert verdict.reason.value == step["reason"], step["name"]
+        unopened = verdict.unknown_algorithm
+        shown = None if unopened is None else f"not opened: unknown sealing algorithm {unopened}"
+        assert step.get("sealed_section") == shown, step["name"]
     # every verdict the code can reach from bytes alone, fixed keys and a fixed clock
     assert {s["reason"] for s in VECTORS["receive"]} == {r.value for r in security.Reason}
+
+
+def test_an_unknown_sealing_algorithm_verifies_and_stays_sealed():
+    """The sealed-algorithm-unknown vector: algorithm octet 200 right after the Sealed
+    Cache header, a valid signature over it, and the receive step accepting it unopened
+    although the receiver holds group key 7, the key id it names."""
+    v = next(a for a in ADVS if a["name"] == "sealed-algorithm-unknown")
+    value = bytes.fromhex(v["value"])
+    at = value.index(bytes.fromhex("0024"), 51)  # after the 51 octets of mandatory TLVs
+    assert value[at + 4] == 200
+    assert int.from_bytes(value[at + 5 : at + 9], "big") == VECTORS["group_key"]["key_id"]
+    (step,) = [s for s in VECTORS["receive"] if s["value"] == v["value"]]
+    assert step["reason"] == "ok"
+    assert step["sealed_section"] == "not opened: unknown sealing algorithm 200"

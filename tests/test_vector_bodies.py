@@ -151,6 +151,9 @@ def test_body_decodes_with_the_codes_decoder_and_answers_its_probes(name, body):
 def test_the_signed_security_vectors_carry_the_real_exact_set():
     for adv in SECURITY["advertisements"]:
         value = adv.get("opened_value") or adv["unsigned_value"]
+        if adv["name"] == "sealed-algorithm-unknown":  # nothing here can open it
+            assert _entries(value) == []
+            continue
         (entry,) = _entries(value)
         summary = Summary.decode(int(entry.kind), entry.params, entry.body)
         assert entry.kind == wire.SummaryKind.EXACT

@@ -210,7 +210,15 @@ class Verification:
 
 
 UNVERIFIED = Verification(True, False, "no trust configured")
-COUNTERS = ("unparsed_messages", "unusable_routes", "malformed", "not_verified")
+# unknown_sealing_algorithm: accepted values whose Sealed Cache TLV names an AEAD this
+# code lacks (kept, metrics used, the section unopened: not malformed)
+COUNTERS = (
+    "unparsed_messages",
+    "unusable_routes",
+    "malformed",
+    "not_verified",
+    "unknown_sealing_algorithm",
+)
 
 
 class Verifier(Protocol):
@@ -419,8 +427,7 @@ class CacheRib:
     # RFC 4724 helper: seconds a restarting peer's routes are kept, marked stale; 0: none.
     restart_time: float = 0.0
     stale: dict[tuple[str, Prefix], float] = dataclasses.field(default_factory=dict)
-    # what was dropped or refused, by kind (in the snapshot): unparsed_messages,
-    # unusable_routes, malformed, not_verified
+    # what was dropped, refused or left unread, by kind (in the snapshot): `COUNTERS`
     counters: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
     def apply(self, event: Event, now: float) -> list[Change]:
@@ -514,7 +521,12 @@ class CacheRib:
             and had.verified == entry.verified
         )
         self.entries[key] = entry
-        return [Change("accept", event.peer, event.prefix, entry, unchanged=unchanged)]
+        note = ""
+        sealed = adv.get(wire.SealedCache)
+        if sealed is not None and not sealed.has_known_algorithm:
+            self.counters["unknown_sealing_algorithm"] += 1
+            note = f"sealed cache section not opened: unknown sealing algorithm {sealed.algorithm}"
+        return [Change("accept", event.peer, event.prefix, entry, note, unchanged)]
 
     def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
         # RFC 7606 section 2: treat-as-withdraw; the session is left alone.

@@ -33,6 +33,7 @@ from catsproto.security.errors import (
     StaleTimestampError,
     UnknownGroupKeyError,
     UnknownKeyError,
+    UnknownSealingAlgorithmError,
     UnsignedError,
 )
 from catsproto.security.identity import KeyFormatError, PublicKey, SigningKey, key_id
@@ -52,6 +53,7 @@ from catsproto.security.sealing import (
     associated_data,
     open_sealed,
     seal,
+    unknown_algorithm,
 )
 from catsproto.security.signing import (
     ADVERTISEMENT_LABEL,

@@ -97,6 +97,12 @@ class UnknownGroupKeyError(BadSignatureError):
     why = Reason.UNKNOWN_GROUP_KEY
 
 
+class UnknownSealingAlgorithmError(UnknownGroupKeyError):
+    """Sealed with an AEAD this implementation does not have: no key held here can open
+    it, so it is the same case as a group key not held. A receiver accepts the
+    advertisement with that section unopened (`Verdict.unknown_algorithm`)."""
+
+
 class DecryptionError(BadSignatureError):
     why = Reason.DECRYPTION_FAILED
 

@@ -20,6 +20,11 @@ cached. `open_sealed` reverses it.
   the active one (used to seal) and a standby one (accepted when opening). Distribute the
   next key as standby everywhere, then make it active (`rotated`): the old key stays as
   standby until the next rotation, so advertisements in flight still open.
+- Agility: the algorithm code is open (`SealedCache.has_known_algorithm`). A section
+  sealed with an AEAD this code does not have is one no key here opens: `open_sealed`
+  raises `UnknownSealingAlgorithmError` (a kind of unknown group key), and the receiver
+  accepts the advertisement with the section unopened, as it does without group keys,
+  so a sender that adds an algorithm keeps its metrics at old receivers.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from catsproto import wire
-from catsproto.security.errors import DecryptionError, UnknownGroupKeyError
+from catsproto.security.errors import (
+    DecryptionError,
+    UnknownGroupKeyError,
+    UnknownSealingAlgorithmError,
+)
 from catsproto.wire import (
     Advertisement,
     AeadAlgorithm,
@@ -180,18 +189,35 @@ def seal(
     return rest.replace(SealedCache(algorithm, key.key_id, bytes(nonce), ciphertext))
 
 
+def unknown_algorithm(adv: Advertisement) -> int | None:
+    """The code of `adv`'s sealing algorithm when this implementation has no such AEAD
+    (its section cannot be opened here, whatever keys are held); None otherwise."""
+    sealed = adv.get(SealedCache)
+    if sealed is None or sealed.has_known_algorithm:
+        return None
+    return int(sealed.algorithm)
+
+
 def open_sealed(
     adv: Advertisement, keyring: GroupKeyring, registry: wire.Registry = wire.DEFAULT_REGISTRY
 ) -> Advertisement:
     """`adv` with its SealedCache TLV replaced by the TLVs it holds (unchanged if none).
 
-    Raises UnknownGroupKeyError (key id not in the keyring) or DecryptionError (tag
-    fails: wrong key, tampered bytes, moved to another origin or sequence; or the
-    plaintext is not a canonical run of sealable TLVs absent from the clear part).
+    Raises UnknownGroupKeyError (key id not in the keyring; its subclass
+    UnknownSealingAlgorithmError for an algorithm code this implementation does not have)
+    or DecryptionError (tag fails: wrong key, tampered bytes, moved to another origin or
+    sequence; or the plaintext is not a canonical run of sealable TLVs absent from the
+    clear part).
     """
     sealed = adv.get(SealedCache)
     if sealed is None:
         return adv
+    if not sealed.has_known_algorithm:
+        raise UnknownSealingAlgorithmError(
+            f"cache section sealed with AEAD algorithm {int(sealed.algorithm)}, "
+            "which this receiver does not implement",
+            tlv_type=TLVType.SEALED_CACHE,
+        )
     key = keyring.get(sealed.key_id)
     if key is None:
         raise UnknownGroupKeyError(

@@ -117,6 +117,16 @@ def _signed_vector(name: str, adv: Advertisement, f: Fixture, nlri, note: str) -
     }
 
 
+def unknown_algorithm_advertisement(f: Fixture, sequence: int) -> Advertisement:
+    """The fixture's advertisement at (1, `sequence`), its cache section replaced by a
+    Sealed Cache TLV of AEAD algorithm 200 under group key 7 (a 24-octet nonce and 48
+    octets of opaque ciphertext: no AEAD here can make or open it), unsigned."""
+    clear = Advertisement(tuple(t for t in f.at(1, sequence).tlvs if not 32 <= t.type <= 35))
+    nonce = hashlib.sha256(b"catsproto test nonce 200").digest()[:24]
+    ciphertext = hashlib.sha512(b"catsproto test ciphertext 200").digest()[:48]
+    return clear.replace(wire.SealedCache(200, f.group.active.key_id, nonce, ciphertext))
+
+
 def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
     """(name, value, nlri, now, expected reason), applied in order to one receiver."""
     good = wire.encode(sign(f.at(1, 42), f.node, NLRI))
@@ -206,6 +216,13 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
         ),
         ("after-expiry", good, NLRI, T0_MS + 31 * DAY_MS, Reason.KEY_EXPIRED),
         (
+            "sealed-algorithm-unknown",  # held key 7 or not: the section stays sealed
+            wire.encode(sign(unknown_algorithm_advertisement(f, 51), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.OK,
+        ),
+        (
             "restart-new-epoch",
             wire.encode(sign(f.at(2, 0), f.node, NLRI)),
             NLRI,
@@ -255,6 +272,16 @@ def security_vectors() -> JSON:
             "opened_value": wire.encode(f.at(1, 42)).hex(),
         },
         _signed_vector(
+            "sealed-algorithm-unknown",
+            unknown_algorithm_advertisement(f, 51),
+            f,
+            NLRI,
+            "Cache section under Sealed Cache algorithm 200, which this document does not "
+            "define (opaque nonce and ciphertext), then signed. The signature covers the "
+            "sealed octets as they are: it verifies, the metrics are used and the section "
+            "stays unopened, group key 7 held or not.",
+        ),
+        _signed_vector(
             "delegated-ipv6",
             v6,
             f,
@@ -268,15 +295,18 @@ def security_vectors() -> JSON:
         verdict, receiver = receiver.receive(value, nlri, now)  # type: ignore[arg-type]
         if verdict.reason is not want:
             raise AssertionError(f"receive step {name}: expected {want}, got {verdict}")
-        steps.append(
-            {
-                "name": name,
-                "value": value.hex(),
-                "nlri": str(nlri),
-                "now_ms": now,
-                "reason": want.value,
-            }
-        )
+        step: JSON = {
+            "name": name,
+            "value": value.hex(),
+            "nlri": str(nlri),
+            "now_ms": now,
+            "reason": want.value,
+        }
+        if verdict.unknown_algorithm is not None:
+            step["sealed_section"] = (
+                f"not opened: unknown sealing algorithm {verdict.unknown_algorithm}"
+            )
+        steps.append(step)
     return {
         "keys": {
             name: {

@@ -27,7 +27,7 @@ import numpy as np
 
 from catsproto.summary import Summary, SummaryReceiver
 from catsproto.summary.versioning import Outcome
-from catsproto.wire import Advertisement, CodecError, L0MetricType, Tier
+from catsproto.wire import Advertisement, CodecError, L0MetricType, SealedCache, Tier
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_HOLD_TIME_MS = 90_000  # like BGP's default hold time: 3 missed 30 s refreshes
@@ -331,6 +331,21 @@ class RIB:
             inst.summaries_changed()
             table.touch(inst)
         inst.epoch_seq = max(inst.epoch_seq, seq)
+        sealed = adv.get(SealedCache)
+        if sealed is not None:
+            # a cache section left sealed (no group key for it, or an AEAD this code
+            # lacks): the origin's cache state now sits where this receiver cannot read
+            # it, so what it said before goes; its metrics and clear TLVs are used below
+            if sealed.has_known_algorithm:
+                why = f"group key {sealed.key_id} not held"
+            else:
+                why = f"unknown sealing algorithm {int(sealed.algorithm)}"
+            self.rejected.append(f"{origin.address}: sealed cache section not opened: {why}")
+            self.rejected_total += 1
+            if inst.tiers:
+                inst.tiers.clear()
+                inst.summaries_changed()
+                table.touch(inst)
         model = adv.cache_model
         if model is not None and not model.has_known_key_scheme:
             # keys derived in a way this receiver cannot: nothing it says of its cache can

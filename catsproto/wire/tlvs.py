@@ -268,16 +268,26 @@ AEAD_TAG_LEN = 16
 class SealedCache(TLV):
     """The cache section (some of types 32-35), encrypted under a group key.
 
-    algorithm: 1 = ChaCha20-Poly1305 (12-byte nonce, 16-byte tag). key_id: u32 naming the
-    group key, in the clear so a receiver holding two keys during a rotation picks the
-    right one. nonce: 1..255 bytes behind a u8 length. ciphertext: the rest, tag included;
-    its plaintext is the sealed TLVs in canonical order (rules in `catsproto.security`).
+    algorithm: 1..255 (0 is malformed); 1 = ChaCha20-Poly1305 (12-byte nonce, 16-byte
+    tag). A code `AeadAlgorithm` does not name stays a plain int and re-encodes unchanged,
+    so the attribute stays well-formed and a receiver leaves just this section unopened
+    (`has_known_algorithm`), as it does without the group key, using the rest. key_id:
+    u32 naming the group key, in the clear so a receiver holding two keys during a
+    rotation picks the right one. nonce: 1..255 bytes behind a u8 length (exactly 12 for
+    ChaCha20-Poly1305; any length for an unknown algorithm). ciphertext: the rest, tag
+    included; its plaintext is the sealed TLVs in canonical order (rules in
+    `catsproto.security`).
     """
 
-    algorithm: Annotated[AeadAlgorithm, U8]
+    algorithm: Annotated[AeadAlgorithm | int, OpenEnum(UInt(1, 1))]  # unknown ones kept
     key_id: Annotated[int, U32]
     nonce: Annotated[bytes, Blob(1, min_len=1)]
     ciphertext: Annotated[bytes, Blob(min_len=AEAD_TAG_LEN + 4)]
+
+    @property
+    def has_known_algorithm(self) -> bool:
+        """Whether this codec names the AEAD (else no key here can open the section)."""
+        return isinstance(self.algorithm, AeadAlgorithm)
 
     def validate(self) -> None:
         if (

@@ -152,7 +152,8 @@ local LAYOUTS = {
   [34] = { "capacity", { { "free_blocks", "u64" }, { "total_blocks", "u64" } } },
   [35] = { "hot_prefixes", { { "prefixes", "items", order = { "block_key" }, item = {
     { "block_key", "u64", hex = true }, { "depth", "u32", min = 1 } } } } },
-  [36] = { "sealed_cache", { { "algorithm", "enum8", names = "aead" }, { "key_id", "u32" },
+  [36] = { "sealed_cache", { { "algorithm", "enum8", names = "aead", open = true, min = 1 },
+                             { "key_id", "u32" },
                              { "nonce", "blob8", min = 1 }, { "ciphertext", "rest", min = 20 } } },
   [254] = { "delegation", { { "algorithm", "enum8", names = "signature_algorithm" },
                             { "operator_key_id", "blob8", min = 1 },
@@ -237,6 +238,16 @@ local CHECKS = {
     end
   end,
 }
+-- TLV name -> note on a well-formed record worth flagging (not a refusal): an open code
+-- this dissector does not name, where the receiver skips part of the advertisement
+local NOTES = {
+  sealed_cache = function(rec)
+    if rec.algorithm >= 1 and ENUMS.aead[rec.algorithm] == nil then
+      return string.format("unknown algorithm %d: the sealed section cannot be opened here, "
+                           .. "the attribute is well formed", rec.algorithm)
+    end
+  end,
+}
 local ITEM_CHECKS = {
   scope = check_scope,
   entries = function(rec)  -- a cache-summaries entry
@@ -289,7 +300,9 @@ local e_left = ProtoExpert.new("catsproto.unread", "Bytes left unread in the TLV
 local e_refused = ProtoExpert.new("catsproto.refused", "Refused by the codec",
                                   expert.group.MALFORMED, expert.severity.ERROR)
 cats.fields = fields
-cats.experts = { e_overrun, e_left, e_refused }
+local e_unknown = ProtoExpert.new("catsproto.unknown_algorithm", "Unknown sealing algorithm",
+                                  expert.group.UNDECODED, expert.severity.NOTE)
+cats.experts = { e_overrun, e_left, e_refused, e_unknown }
 
 local WIDTH = { u8 = 1, u16 = 2, u32 = 4, u64 = 8, f64 = 8, enum8 = 1, enum16 = 2 }
 
@@ -439,6 +452,8 @@ local function dissect_value(tvb, tree, pos, stop)
       else
         local bad = CHECKS[layout[1]] and CHECKS[layout[1]](rec)
         if bad then refuse(tlv, "%s", bad) end
+        local note = NOTES[layout[1]] and NOTES[layout[1]](rec)
+        if note then tlv:add_proto_expert_info(e_unknown, note) end
       end
     end
     pos = tlv_stop
