@@ -233,6 +233,28 @@ def test_an_unknown_sealing_algorithm_is_a_note_not_a_refusal(tmp_path):
     assert frames[2] == [("ChaCha20-Poly1305 nonce is 11 bytes, not 12", MALFORMED_GROUP)]
 
 
+def test_an_unknown_key_scheme_is_a_note_not_a_refusal(tmp_path):
+    """Key Scheme 200 is an open code (the RIB keeps the metrics and refuses the
+    summaries): tshark notes it in the undecoded group, refuses nothing; scheme 1 gets no
+    note and scheme 0 stays a refusal."""
+
+    def model(scheme: int) -> bytes:
+        return CACHE_MODEL[:-5] + bytes([scheme]) + CACHE_MODEL[-4:]
+
+    values = [HEADER + L0 + model(200) + SIG, HEADER + L0 + model(1) + SIG, HEADER + model(0)]
+    assert [_refused(v) for v in values] == [False, False, True]
+    frames = _experts(_pcap(tmp_path / "scheme.pcap", values))
+    assert frames[0] == [
+        (
+            "unknown key scheme 200: the cache summaries cannot be matched here, "
+            "the metrics stand and the attribute is well formed",
+            UNDECODED_GROUP,
+        )
+    ]
+    assert frames[1] == []
+    assert [group for _, group in frames[2]] == [MALFORMED_GROUP]
+
+
 def _lua_table(name: str) -> dict[int, str]:
     text = LUA.read_text()
     m = re.search(rf"\b{name} = (?:names\()?\{{(.*?)\}}", text, re.S)

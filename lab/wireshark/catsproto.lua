@@ -241,6 +241,12 @@ local CHECKS = {
 -- TLV name -> note on a well-formed record worth flagging (not a refusal): an open code
 -- this dissector does not name, where the receiver skips part of the advertisement
 local NOTES = {
+  cache_model = function(rec)
+    if rec.key_scheme >= 1 and ENUMS.key_scheme[rec.key_scheme] == nil then
+      return string.format("unknown key scheme %d: the cache summaries cannot be matched here, "
+                           .. "the metrics stand and the attribute is well formed", rec.key_scheme)
+    end
+  end,
   sealed_cache = function(rec)
     if rec.algorithm >= 1 and ENUMS.aead[rec.algorithm] == nil then
       return string.format("unknown algorithm %d: the sealed section cannot be opened here, "
@@ -300,7 +306,7 @@ local e_left = ProtoExpert.new("catsproto.unread", "Bytes left unread in the TLV
 local e_refused = ProtoExpert.new("catsproto.refused", "Refused by the codec",
                                   expert.group.MALFORMED, expert.severity.ERROR)
 cats.fields = fields
-local e_unknown = ProtoExpert.new("catsproto.unknown_algorithm", "Unknown sealing algorithm",
+local e_unknown = ProtoExpert.new("catsproto.unknown_code", "Open code not known here",
                                   expert.group.UNDECODED, expert.severity.NOTE)
 cats.experts = { e_overrun, e_left, e_refused, e_unknown }
 
