@@ -26,6 +26,7 @@ from catsproto.commands import (
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -205,12 +206,25 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("catsproto")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="catsproto",
         description="KV-cache-aware CATS: cache-state advertisements in a BGP path attribute.\n\n"
         "`catsproto COMMAND --help` explains each command; bad input exits with status 2 "
         "and one line on stderr.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"catsproto {_version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -297,15 +311,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_name(args: argparse.Namespace) -> str:
+    """`catsproto lab capture`: the command and its action, as typed."""
+    actions = [args.command]
+    actions += [v for k, v in vars(args).items() if k.endswith("_command") and isinstance(v, str)]
+    return " ".join(["catsproto", *actions])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (wire.CodecError, UsageError) as exc:
-        print(f"catsproto {args.command}: {exc}", file=sys.stderr)
+        print(f"{command_name(args)}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: what the command started is cleaned up on the way
+        print(f"{command_name(args)}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -455,5 +455,6 @@ def test_a_key_file_that_is_not_utf8_is_a_usage_error(command: str, tmp_path: Pa
         timeout=30,
     )  # fmt: skip
     assert (
-        r.returncode == 2 and r.stderr == f"catsproto transfer: cannot read {bad}: not UTF-8 text\n"
+        r.returncode == 2
+        and r.stderr == f"catsproto transfer {command}: cannot read {bad}: not UTF-8 text\n"
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from catsproto.adapters import netns
 from catsproto.lab import configs
-from catsproto.lab.runner import Lab, LabError, exabgp_binary
+from catsproto.lab.runner import Lab, LabError, discard, exabgp_binary
 from catsproto.lab.topology import load
 
 RECEIVER_ADDRESS = "127.0.0.2"
@@ -50,6 +50,7 @@ def up(topology_path: str | Path, root: str | Path, *, tag: str | None = None) -
     env = dict(configs.EXABGP_ENV, exabgp_daemon_user=getpass.getuser())
     addresses = {n.name: f"127.0.0.{11 + i}" for i, n in enumerate(speakers)}
     handle.state.info["addresses"] = {receiver.name: RECEIVER_ADDRESS, **addresses}
+    handle.state.info["port"] = port  # the receiver's BGP port (what a capture filters on)
     try:
         for node in [receiver, *speakers]:
             d = lab.node_dir(node.name)
@@ -78,7 +79,7 @@ def up(topology_path: str | Path, root: str | Path, *, tag: str | None = None) -
             handle.start(
                 node.name, "exabgp", [exabgp_binary(), str(d / "exabgp.conf")], env=node_env
             )
-    except BaseException:
-        handle.teardown()
+    except BaseException:  # an error or Ctrl-C: processes and run directory go
+        discard(handle)
         raise
     return lab

@@ -4,9 +4,10 @@ Strategy: `up` reads the `.clab.yml`, builds one namespace per node and one veth
 per link (`catsproto.adapters.netns`), renders each daemon's configuration
 (`catsproto.lab.configs`) into the lab's run directory and starts the daemons in their
 namespaces: ExaBGP (with the announce and/or receive API processes), FRR (zebra, then
-bgpd, in pathspace `<tag>-<node>`), BIRD. Whatever fails half way, everything started
-so far is torn down before the error propagates. The run directory keeps `state.json`,
-so `down` works from any later process.
+bgpd, in pathspace `<tag>-<node>`), BIRD. Whatever fails half way (or a Ctrl-C),
+everything started so far is torn down, run directory included, before the error
+propagates. The run directory keeps `state.json`, so `down` works from any later
+process.
 
 Per ExaBGP node the run directory holds `<node>/spool/` (write a route file there to
 announce: `exabgp_announce.Spool`) and `<node>/rib/` (`rib.json` and `events.jsonl`
@@ -303,10 +304,20 @@ def up(
             STARTERS[node.role](lab, node.name)
         if feed:
             start_feeders(lab, feed_interval, instance_args)
-    except BaseException:
-        handle.teardown()
+    except BaseException:  # an error or Ctrl-C: leave nothing that blocks the tag
+        discard(handle)
         raise
     return lab
+
+
+def discard(handle: netns.NetnsLab) -> None:
+    """Undo a lab that did not finish coming up, as `down` would: its processes, its
+    namespaces and its run directory (whose state.json would otherwise keep the tag
+    taken and show the dead lab in `lab status`)."""
+    try:
+        handle.teardown()
+    finally:
+        _remove_run_dir(handle.run_dir)
 
 
 def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()) -> None:
