@@ -41,12 +41,12 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
     shaping = re.search(r"^link delays (NOT applied|applied with netem)", text, re.MULTILINE)
     assert shaping is not None, text[:2000]
     # the BGP sessions were captured; the command printed verifies every advertisement
-    command = re.search(r"^  catsproto inspect (\S+\.pcap) --trust (\S+\.json)$", text, re.M)
+    command = re.search(r"^  (\S*catsproto) inspect (\S+\.pcap) --trust (\S+\.json)$", text, re.M)
     assert command is not None, text[-3000:]
-    pcap, trust = command.groups()
+    program, pcap, trust = command.groups()
     try:
-        seen = subprocess.run(
-            [sys.executable, "-m", "catsproto", "inspect", pcap, "--trust", trust],
+        seen = subprocess.run(  # exactly as printed: a user pastes it
+            [program, "inspect", pcap, "--trust", trust],
             capture_output=True,
             text=True,
             timeout=120,

@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -482,8 +483,18 @@ class DemoCapture:
         print(
             f"\n{packets} packets of the BGP sessions kept in {self.tcpdump.out}, with the "
             "lab's trust file; decode and verify every advertisement in it with:\n"
-            f"  catsproto inspect {self.tcpdump.out} --trust {trust}"
+            f"  {catsproto_command()} inspect {self.tcpdump.out} --trust {trust}"
         )
+
+
+def catsproto_command() -> str:
+    """How to run this catsproto from a shell: `catsproto` when that is what PATH finds,
+    else the full path of the one beside this Python (a venv not on PATH, as in
+    scripts/demo)."""
+    local = Path(sys.executable).parent / "catsproto"
+    if local.exists() and shutil.which("catsproto") != str(local):
+        return str(local)
+    return "catsproto"
 
 
 def _print_steering(lab: Any, receiver: str) -> None:
