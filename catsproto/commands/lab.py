@@ -457,10 +457,13 @@ class DemoCapture:
                 print(f"no capture: {receiver} has no link to another BGP node")
                 return None
             interface, netns, bpf = ends[0].ifname, lab.handle.ns(receiver), "tcp port 179"
-        keep.mkdir(parents=True, exist_ok=True)
         try:
+            keep.mkdir(parents=True, exist_ok=True)
             tcpdump = Tcpdump(keep / f"{receiver}-bgp.pcap", interface, bpf, netns)
             tcpdump.wait_listening()
+        except OSError as exc:
+            print(f"no capture of the BGP sessions: --capture-dir {keep}: {exc.strerror}")
+            return None
         except UsageError as exc:
             print(f"no capture of the BGP sessions: {exc}")
             return None
