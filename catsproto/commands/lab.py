@@ -373,7 +373,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         if not netns_mode:
             runner.start_feeders(lab, args.interval)
-        mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no root"
+        mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no transit"
         print(f"lab {lab.topology.name} up ({mode}) in {time.monotonic() - started:.2f}s")
         receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
         print(_delay_note(lab, path))
