@@ -266,8 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the codec on the example advertisements, then bring up the "
         "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
         "otherwise), watch signed advertisements arrive, ask the path selector where "
-        "each site's cached conversation should go, and tear everything down; then run "
-        "the steering policies on a slice of the Mooncake conversation trace.",
+        "each site's cached conversation should go, and tear everything down (as root "
+        "keeping a capture of the receiver's BGP sessions and printing the `catsproto "
+        "inspect` command that verifies it); then run the steering policies on a slice "
+        "of the Mooncake conversation trace.",
     )
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
