@@ -31,11 +31,13 @@ __all__ = [
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "sim" / "scenarios"
 MOONCAKE = "mooncake-conversation.jsonl"
 _REPO = Path(__file__).resolve().parents[2]
+# the team's shared data folder, for a checkout (or an installed copy) kept elsewhere
+SHARED_TRACES = Path("/work/shared/traces")
 
 
 SEARCH_ORDER = (
     "$CATSPROTO_TRACES, then the checkout's data/traces, then ../shared/traces beside the "
-    "checkout, then ../shared/traces beside the working directory"
+    f"checkout, then ../shared/traces beside the working directory, then {SHARED_TRACES}"
 )
 
 
@@ -52,6 +54,7 @@ def trace_folders() -> list[Path]:
         _REPO / "data" / "traces",
         _REPO.parent / "shared" / "traces",
         Path.cwd().parent / "shared" / "traces",
+        SHARED_TRACES,
     ]
     unique: list[Path] = []
     seen: set[Path] = set()
