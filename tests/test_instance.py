@@ -130,6 +130,41 @@ def test_prompts_hit_their_cache_and_the_node_mirrors_it(served) -> None:  # typ
 TIERS_ORDER = [t.tier for t in TIERS]
 
 
+def _strict(text: bytes) -> Any:
+    """Parse `text` as strict JSON: NaN and Infinity are not JSON (RFC 8259)."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in a JSON body: {text[:200]!r}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_state_is_strict_json_with_null_for_never_advertised(served) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    state = _strict(get(server.url, "/state"))
+    assert state["engine"]["last_advertised_s_ago"] is None  # nothing advertised yet
+    server.engine.last_advertised = time.monotonic() - 2.0
+    again = _strict(get(server.url, "/state"))
+    assert 2.0 <= again["engine"]["last_advertised_s_ago"] < 60
+
+
+def test_hash_ids_up_to_2_64_minus_1_are_served_and_mirrored() -> None:
+    server, node = start(KeyMode.ENGINE_IDS)
+    try:
+        top = (1 << 64) - 1
+        status, reply = post(server.url, {"hash_ids": [top, 1 << 63], "input_length": 2 * BS})
+        assert status == 200, reply
+        status, again = post(server.url, {"hash_ids": [top, 1 << 63], "input_length": 2 * BS})
+        assert again["cached_blocks"] == 2
+        status, reply = post(server.url, {"hash_ids": [1 << 64], "input_length": BS})
+        assert status == 400 and "0..2^64-1" in reply["error"]
+        settle(node, server.engine)  # the ids crossed the KV-event stream as u64
+        keys = BlockKeyer(SECRET, "m", BS).engine_keys("mooncake", [top, 1 << 63])
+        assert {int(k) for k in keys} <= set(node.cache.lru_keys(Tier.HBM))
+    finally:
+        server.close()
+
+
 def test_bad_requests_get_400(served) -> None:  # type: ignore[no-untyped-def]
     server, _ = served
     assert post(server.url, {"prompt_token_ids": "x"})[0] == 400
