@@ -269,3 +269,31 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
             proc.kill()
             proc.wait()
         proc.stderr.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("rest", "says"),
+    [
+        (
+            ["serve", "--port", "0", "--adverts-out", "/nonexistent-dir/a.jsonl"],
+            "--adverts-out /nonexistent-dir/a.jsonl: cannot open: No such file or directory",
+        ),
+        (
+            ["node", "--endpoint", "tcp://127.0.0.1:1", "--adverts-out", "/nonexistent-dir/a"],
+            "--adverts-out /nonexistent-dir/a: cannot open: No such file or directory",
+        ),
+        (
+            ["serve", "--port", "0", "--host", "192.0.2.77"],
+            "--host 192.0.2.77 --port 0: cannot listen: Cannot assign requested address",
+        ),
+    ],
+)
+def test_os_errors_name_the_option_and_the_address_once(rest: list[str], says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "catsproto", "instance", *rest, "--secret", SECRET.hex()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"catsproto instance: {says}\n"
