@@ -196,6 +196,7 @@ def test_draft_command_checks_the_appendix(capsys):
     from catsproto import cli
 
     assert cli.main(["draft", "vectors", "--check"]) == 0
+    assert capsys.readouterr().out == "drafts/vectors.md matches tests/vectors/*.json\n"
 
 
 # ---- what the draft says about the vectors holds in the code ---------------------------

@@ -297,3 +297,21 @@ def test_os_errors_name_the_option_and_the_address_once(rest: list[str], says: s
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"catsproto instance: {says}\n"
+
+
+def test_max_message_help_says_what_is_accepted() -> None:
+    from catsproto.cli import build_parser
+    from catsproto.commands.instance import _builder_config
+
+    for command in ("serve", "node"):
+        r = subprocess.run(
+            [sys.executable, "-m", "catsproto", "instance", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text = " ".join(r.stdout.split())
+        assert "--max-message MAX_MESSAGE largest BGP message in bytes, 1..65535," in text
+    args = build_parser().parse_args(["instance", "serve", "--max-message", "70000"])
+    with pytest.raises(UsageError, match=r"--max-message 70000 is not 1..65535"):
+        _builder_config(args, [])

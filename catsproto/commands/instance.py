@@ -294,7 +294,12 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
         "(default: one route, on the CSCI-ID address)",
     )
     g.add_argument(
-        "--max-message", type=int, default=4096, help="BGP message size: 4096, or 65535 (RFC 8654)"
+        "--max-message",
+        type=int,
+        default=4096,
+        help="largest BGP message in bytes, 1..65535, that each advertisement's UPDATE must fit "
+        "(the first is built at start to check): 4096 is BGP's limit, up to 65535 needs "
+        "extended messages (RFC 8654) on the sessions",
     )
     g.add_argument(
         "--target-fpr",
