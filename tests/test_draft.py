@@ -255,3 +255,18 @@ def test_the_rib_keeps_the_latest_rejections_and_counts_them_all():
         rib.accept(adv, adv.timestamp_ms)
     assert rib.rejected_total == n and len(rib.rejected) == REJECTED_KEPT
     assert all("200" in line for line in rib.rejected)
+
+
+_COUNTS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def test_readme_counts_the_canonical_form_exceptions_the_draft_lists():
+    """drafts/README.md speaks of the exceptions to the canonical-form rule (TLV Framing,
+    item 5): the number it gives for the rule as it stands is the draft's."""
+    draft_text = " ".join(
+        (DRAFTS / "draft-catsproto-cats-kv-cache-bgp.md").read_text(encoding="utf-8").split()
+    )
+    (listed,) = re.findall(r"There are (\w+) exceptions, fields whose unknown values", draft_text)
+    readme = " ".join((DRAFTS / "README.md").read_text(encoding="utf-8").split())
+    said = re.findall(r"has (\w+) exceptions", readme)
+    assert said and {_COUNTS[w] for w in said} == {_COUNTS[listed]}, (listed, said)
