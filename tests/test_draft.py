@@ -270,3 +270,33 @@ def test_readme_counts_the_canonical_form_exceptions_the_draft_lists():
     readme = " ".join((DRAFTS / "README.md").read_text(encoding="utf-8").split())
     said = re.findall(r"has (\w+) exceptions", readme)
     assert said and {_COUNTS[w] for w in said} == {_COUNTS[listed]}, (listed, said)
+
+
+def test_ed25519_verification_is_stated_not_delegated_to_a_library():
+    """The Signature TLV's verification rules are normative text (each one is measured on
+    the code by tests/test_ed25519_rules.py), not a reference to how a library behaves."""
+    text = (DRAFTS / "draft-catsproto-cats-kv-cache-bgp.md").read_text(encoding="utf-8")
+    section = text[text.index("## Signature (Type 255)") : text.index("# CATS Metric Levels")]
+    flat = " ".join(section.split())
+    assert "cryptography" not in flat and "OpenSSL" not in flat
+    for rule in (
+        "MUST be lower than the group order L",
+        "S is never reduced modulo L",
+        "compares its canonical encoding with the 32 octets of R",
+        r"cofactorless equation \[S\]B = R + \[k\]A",
+        "k is SHA-512(R || A || M)",
+        "verifies no signature",
+        "decoded with y reduced modulo p",
+        "Public keys of small order",
+    ):
+        assert rule in flat, rule
+    status = text[text.index("# Implementation Status") : text.index("# Open Issues")]
+    flat = " ".join(status.split())
+    for field in ("Organization and contact: : The authors of this document.", "Licensing:"):
+        assert field in flat, field
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert f"Licensing: : {project['license']}, as declared" in flat
+    assert f"version {project['version']}" in flat
+    assert "Maturity:" in flat and "Coverage:" in flat
