@@ -123,6 +123,8 @@ def _interop_dirs() -> set[str]:
         (["--update-doc", "/nonexistent-dir/doc.md"], "--update-doc /nonexistent-dir/doc.md"),
         (["--sizes", "abc"], "--sizes: 'abc' is not a whole number"),
         (["--sizes", "0,70000"], "--sizes: 70000 is outside 0..65535"),
+        (["--jobs", "0"], "--jobs: 0 is not >= 1"),
+        (["--settle", "nan"], "--settle: nan is not a positive, finite number of seconds"),
     ],
 )
 def test_bad_options_are_refused_before_any_lab(argv: list[str], says: str) -> None:
