@@ -123,7 +123,9 @@ def check_sizes(sizes: Sequence[int]) -> None:
             f"--sizes: {bad[0]} is outside 0..{MAX_VALUE} (an attribute value's largest length)"
         )
     if len(sizes) > MAX_SIZES:
-        raise ArgumentError(f"--sizes: {len(sizes)} sizes (with --limits), more than {MAX_SIZES}")
+        raise ArgumentError(
+            f"--sizes: {len(sizes)} sizes (counting any --limits probes), more than {MAX_SIZES}"
+        )
 
 
 def payloads(sizes: Sequence[int]) -> list[Payload]:
