@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from catsproto.security import SigningKey
-from catsproto.security.identity import PublicKey
+from catsproto.security import KeyFormatError, SigningKey, TrustStore
+from catsproto.security.errors import BadDelegationError
+from catsproto.security.identity import PublicKey, has_small_order, key_id
+from catsproto.security.trust import authorise
 from tests.ed25519_points import (
     BASE,
     IDENTITY,
@@ -32,6 +35,12 @@ from tests.ed25519_points import (
 
 SEED = bytes(range(32))
 MESSAGE = b"the octets an advertisement's signature covers"
+
+
+def _as_held(raw: bytes) -> PublicKey:
+    """A public key as the library loads it, without the small-order refusal of
+    `PublicKey.from_bytes`: to measure what verification alone does with such a key."""
+    return PublicKey(raw, key_id(raw), Ed25519PublicKey.from_public_bytes(raw))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +66,7 @@ def test_an_s_of_l_or_more_is_refused_not_reduced(key: SigningKey, extra: int) -
 def test_r_is_compared_by_its_canonical_encoding() -> None:
     """Under the identity key, R = identity and S = 0 satisfy the equation; the same R
     written with y = p + 1 (not canonical) does not verify."""
-    identity = PublicKey.from_bytes(encode(IDENTITY))
+    identity = _as_held(encode(IDENTITY))
     assert identity.verify(encode(IDENTITY) + bytes(32), MESSAGE)
     assert not identity.verify((1 + P).to_bytes(32, "little") + bytes(32), MESSAGE)
 
@@ -87,7 +96,7 @@ def test_a_non_canonical_key_is_its_point_but_hashed_as_written() -> None:
     point = decode(canonical)
     assert point is not None and equal(mul(4, point), IDENTITY)
     assert decode(written) is not None and equal(decode(written), point)  # type: ignore[arg-type]
-    keys = {raw: PublicKey.from_bytes(raw) for raw in (canonical, written)}
+    keys = {raw: _as_held(raw) for raw in (canonical, written)}
     s = 777
     big_r = encode(mul(s, BASE))
     seen = set()
@@ -111,13 +120,16 @@ def test_a_key_off_the_curve_loads_and_verifies_nothing(key: SigningKey) -> None
 
 
 @pytest.mark.parametrize("index", range(8))
-def test_a_small_order_key_loads_and_verifies_a_forgery(index: int) -> None:
-    """The draft: keys of small order are not refused on load and then verify signatures
-    nobody made, so one must never be trusted (no key RFC 8032 generates has small
-    order). A forgery: R = [S]B for any S, on a message whose k makes [k]T the identity."""
+def test_a_small_order_key_verifies_a_forgery_so_it_is_refused_on_load(index: int) -> None:
+    """The draft: verification alone does not refuse keys of small order, and they
+    verify signatures nobody made (no key RFC 8032 generates has small order), so a
+    receiver may refuse them when it loads them, and this one does. A forgery: R = [S]B
+    for any S, on a message whose k makes [k]T the identity."""
     torsion = small_order_points()[index]
     raw = encode(torsion)
-    public = PublicKey.from_bytes(raw)
+    with pytest.raises(KeyFormatError, match="small order"):
+        PublicKey.from_bytes(raw)
+    public = _as_held(raw)
     s = 4242
     big_r = encode(mul(s, BASE))
     for i in range(256):
@@ -127,3 +139,69 @@ def test_a_small_order_key_loads_and_verifies_a_forgery(index: int) -> None:
             assert public.verify(big_r + s.to_bytes(32, "little"), message)
             return
     raise AssertionError("no message gave a k that the torsion point's order divides")
+
+
+def _encodings(raw: bytes) -> set[bytes]:
+    """Every 32-octet encoding of the point `raw` encodes: y and y + p (where that fits
+    in 255 bits), each with the sign bit clear and set."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    out = set()
+    for yy in (y, y + P):
+        if yy < 1 << 255:
+            for sign in (0, 1 << 255):
+                out.add((yy | sign).to_bytes(32, "little"))
+    return out
+
+
+def test_every_encoding_of_a_small_order_point_is_refused_and_nothing_else_is(
+    key: SigningKey,
+) -> None:
+    """The eight points and their other encodings (non-canonical y, either sign bit) are
+    all refused; a generated key, a key with a torsion part and keys near them are not."""
+    refused = set()
+    for q in small_order_points():
+        for raw in _encodings(encode(q)):
+            assert has_small_order(raw), raw.hex()
+            with pytest.raises(KeyFormatError):
+                PublicKey.from_bytes(raw)
+            refused.add(raw)
+    assert len(refused) == 14  # 5 y values, 2 more as y + p (y = 0, 1), each with both signs
+    a, _ = secret_scalar(SEED)
+    mixed = encode(add(mul(a, BASE), small_order_points()[1]))
+    for raw in (key.public.raw, mixed, (2).to_bytes(32, "little"), (P - 2).to_bytes(32, "little")):
+        assert not has_small_order(raw)
+    assert PublicKey.from_bytes(mixed).raw == mixed
+
+
+def test_a_trust_store_refuses_a_small_order_operator_key_and_its_delegation(
+    key: SigningKey,
+) -> None:
+    """An operator key of small order is refused when the trust configuration loads; a
+    Delegation TLV of a small-order node key, though signed by a real operator, is
+    refused as a bad delegation and authorises nothing."""
+    with pytest.raises(KeyFormatError, match="small order"):
+        TrustStore().with_operator(encode(IDENTITY))
+    store = TrustStore().with_operator(key.public.raw)
+    for q in small_order_points():
+        delegation = authorise(
+            key,
+            encode(q),
+            cs_ids=[1],
+            routes=["10.0.0.0/8"],
+            addresses=["10.0.0.0/8"],
+            not_before_ms=0,
+            not_after_ms=1 << 40,
+        )
+        with pytest.raises(BadDelegationError, match="small order"):
+            store.with_delegation(delegation)
+    good = SigningKey.from_seed(bytes(32))
+    fine = authorise(
+        key,
+        good.public.raw,
+        cs_ids=[1],
+        routes=["10.0.0.0/8"],
+        addresses=["10.0.0.0/8"],
+        not_before_ms=0,
+        not_after_ms=1 << 40,
+    )
+    assert store.with_delegation(fine).lookup(good.key_id) is not None
