@@ -315,3 +315,21 @@ def test_max_message_help_says_what_is_accepted() -> None:
     args = build_parser().parse_args(["instance", "serve", "--max-message", "70000"])
     with pytest.raises(UsageError, match=r"--max-message 70000 is not 1..65535"):
         _builder_config(args, [])
+
+
+def test_the_dampening_thresholds_reach_the_builder_and_bad_ones_are_refused() -> None:
+    """--score-threshold and --wait-threshold-ms (the draft's score and queue-wait
+    triggers) reach the builder's dampening policy; a wait threshold of 0 or NaN is a
+    usage error naming it."""
+    from catsproto.cli import build_parser
+    from catsproto.commands.instance import _builder_config
+
+    args = build_parser().parse_args(
+        ["instance", "serve", "--score-threshold", "11", "--wait-threshold-ms", "500"]
+    )
+    policy = _builder_config(args, [TierSpec(Tier.HBM, 64, 0, 1000)]).dampening
+    assert (policy.score_threshold, policy.wait_threshold_ms) == (11, 500.0)
+    for bad in ("0", "-5", "nan"):
+        args = build_parser().parse_args(["instance", "serve", "--wait-threshold-ms", bad])
+        with pytest.raises(UsageError, match="wait_threshold_ms"):
+            _builder_config(args, [TierSpec(Tier.HBM, 64, 0, 1000)])

@@ -100,7 +100,11 @@ def _builder_config(args: argparse.Namespace, tiers: list[TierSpec]) -> BuilderC
             max_message_bytes=args.max_message,
             shard_range=args.shard_range,
             dampening=DampeningPolicy(
-                args.min_interval_ms, args.max_interval_ms, args.change_threshold
+                args.min_interval_ms,
+                args.max_interval_ms,
+                args.change_threshold,
+                score_threshold=args.score_threshold,
+                wait_threshold_ms=args.wait_threshold_ms,
             ),
         )
         builder = AdvertisementBuilder(config, TieredCache(tiers), 1)
@@ -324,6 +328,20 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
         type=float,
         default=0.05,
         help="dampening: advertise early when this fraction of the advertised block keys changed",
+    )
+    g.add_argument(
+        "--score-threshold",
+        type=int,
+        default=1,
+        help="dampening: advertise early when an L1/L2 score moved by this many points "
+        "(1..10; 11: score moves alone never trigger an update)",
+    )
+    g.add_argument(
+        "--wait-threshold-ms",
+        type=float,
+        default=100.0,
+        help="dampening: advertise early when the queue wait is this many ms off what "
+        "receivers predict from the last advertisement (inf: never)",
     )
     g.add_argument("--adverts-out", help="append advertisements as JSON lines (- for stdout)")
     g = p.add_argument_group("model")
