@@ -313,24 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command_name(args: argparse.Namespace) -> str:
-    """`catsproto lab capture`: the command and its action, as typed."""
-    actions = [args.command]
-    actions += [v for k, v in vars(args).items() if k.endswith("_command") and isinstance(v, str)]
-    return " ".join(["catsproto", *actions])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (wire.CodecError, UsageError) as exc:
-        print(f"{command_name(args)}: {exc}", file=sys.stderr)
+        print(f"catsproto {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:  # Ctrl-C: what the command started is cleaned up on the way
-        print(f"{command_name(args)}: interrupted", file=sys.stderr)
+        print(f"catsproto {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -64,6 +64,12 @@ def test_bad_bytes_exit_2_with_one_line(vector):
         (["encode"], b'{"bogus": 1}', "no TLV named 'bogus'"),
         (["decode"], b"abc", "odd number of digits"),
         (["decode", "/no/such/file"], b"", "cannot read /no/such/file"),
+        (
+            ["decode", "--attribute"],
+            b"000100010102000b00640001c0000201",  # a bare value: version 1, then origin
+            "at offset 0: attribute flags 0x00 lack optional+transitive (0xc0): the input "
+            "starts 00 01, the Version TLV's type, so it looks like an attribute value",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, stdin, message):

@@ -196,6 +196,7 @@ def test_draft_command_checks_the_appendix(capsys):
     from catsproto import cli
 
     assert cli.main(["draft", "vectors", "--check"]) == 0
+    assert capsys.readouterr().out == "drafts/vectors.md matches tests/vectors/*.json\n"
 
 
 # ---- what the draft says about the vectors holds in the code ---------------------------
@@ -254,3 +255,48 @@ def test_the_rib_keeps_the_latest_rejections_and_counts_them_all():
         rib.accept(adv, adv.timestamp_ms)
     assert rib.rejected_total == n and len(rib.rejected) == REJECTED_KEPT
     assert all("200" in line for line in rib.rejected)
+
+
+_COUNTS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def test_readme_counts_the_canonical_form_exceptions_the_draft_lists():
+    """drafts/README.md speaks of the exceptions to the canonical-form rule (TLV Framing,
+    item 5): the number it gives for the rule as it stands is the draft's."""
+    draft_text = " ".join(
+        (DRAFTS / "draft-catsproto-cats-kv-cache-bgp.md").read_text(encoding="utf-8").split()
+    )
+    (listed,) = re.findall(r"There are (\w+) exceptions, fields whose unknown values", draft_text)
+    readme = " ".join((DRAFTS / "README.md").read_text(encoding="utf-8").split())
+    said = re.findall(r"has (\w+) exceptions", readme)
+    assert said and {_COUNTS[w] for w in said} == {_COUNTS[listed]}, (listed, said)
+
+
+def test_ed25519_verification_is_stated_not_delegated_to_a_library():
+    """The Signature TLV's verification rules are normative text (each one is measured on
+    the code by tests/test_ed25519_rules.py), not a reference to how a library behaves."""
+    text = (DRAFTS / "draft-catsproto-cats-kv-cache-bgp.md").read_text(encoding="utf-8")
+    section = text[text.index("## Signature (Type 255)") : text.index("# CATS Metric Levels")]
+    flat = " ".join(section.split())
+    assert "cryptography" not in flat and "OpenSSL" not in flat
+    for rule in (
+        "MUST be lower than the group order L",
+        "S is never reduced modulo L",
+        "compares its canonical encoding with the 32 octets of R",
+        r"cofactorless equation \[S\]B = R + \[k\]A",
+        "k is SHA-512(R || A || M)",
+        "verifies no signature",
+        "decoded with y reduced modulo p",
+        "Public keys of small order",
+    ):
+        assert rule in flat, rule
+    status = text[text.index("# Implementation Status") : text.index("# Open Issues")]
+    flat = " ".join(status.split())
+    for field in ("Organization and contact: : The authors of this document.", "Licensing:"):
+        assert field in flat, field
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert f"Licensing: : {project['license']}, as declared" in flat
+    assert f"version {project['version']}" in flat
+    assert "Maturity:" in flat and "Coverage:" in flat

@@ -3,16 +3,20 @@ seed study (`--seeds`, `--jobs`) against single-seed runs, and its aggregation b
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import math
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from catsproto import cli
-from catsproto.adapters.report import headline, raw_event_bytes, seed_aggregate
+from catsproto.adapters.report import headline, raw_event_bytes, seed_aggregate, summary_rows
 from catsproto.adapters.trace import (
     TraceFormatError,
     find_trace,
@@ -323,3 +327,324 @@ def test_progress_bar_redraws_on_a_terminal_and_writes_one_line_to_a_file(monkey
             "runs done 1/2: seed 1",
             "runs done 2/2: seed 2",
         ]
+
+
+# --- bad input: limits, overrides, trace lines and where the trace is looked for ---------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--limit", "0"], "--limit 0: the number of requests must be at least 1"),
+        (["--limit", "-5"], "--limit -5: the number of requests must be at least 1"),
+        (["--sweep-limit", "-3"], "--sweep-limit -3: must be >= 0 (0: no sweeps)"),
+        (["--set", "speedup=2"], "--set speedup=2: the speedup is set by --speedup"),
+        (["--set", "sharded=False"], "sharded must be true or false, not 'False'"),
+        (["--set", "physical_arrival=yes"], "physical_arrival must be true or false, not 'yes'"),
+    ],
+)
+def test_eval_refuses_bad_limits_and_overrides(argv, message, capsys):
+    assert cli.main(["eval", "--trace", TRACE, "--quiet", "--limit", "5", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "has no requests" not in err
+
+
+@pytest.mark.parametrize(
+    "line, column, at_end",
+    [
+        ('{"timestamp": 0, "input_length": 5,\n', 36, True),  # cut short after a comma
+        ('{"timestamp": 0, "input_length"\n', 32, True),
+        ('{"timestamp": 0, "input_length": 5, "hash_ids": [1, 2]\r\n', 55, True),
+        ('{"timestamp": 0 "input_length": 5}\n', 17, False),  # a comma missing inside
+        ("   {x}\n", 5, False),
+    ],
+)
+def test_a_trace_parse_error_names_the_column_on_the_line(line, column, at_end):
+    with pytest.raises(TraceFormatError) as caught:
+        parse_trace_line(line, 3)
+    text = str(caught.value)
+    assert text.startswith("trace line 3: not JSON: ")
+    assert f" at column {column}" in text
+    assert ("(the end of the line: cut short?)" in text) is at_end
+
+
+def test_a_truncated_trace_file_points_at_its_last_line(tmp_path, capsys):
+    with open(TRACE, encoding="utf-8") as f:
+        whole = f.readline()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(whole + whole[:60] + "\n")
+    assert cli.main(["eval", "--trace", str(cut), "--quiet", "--policies", "nearest"]) == 2
+    err = capsys.readouterr().err
+    assert "trace line 2: not JSON: " in err and "at column 61 (the end of the line" in err
+
+
+def test_the_trace_search_names_each_place_once(monkeypatch, tmp_path):
+    from catsproto.adapters import trace as trace_io
+
+    repo_data = trace_io._REPO / "data" / "traces"
+    # $CATSPROTO_TRACES is the checkout's own folder, and the working directory's
+    # ../shared/traces is the checkout's: each is tried once (the shared folder too, which
+    # is the checkout's ../shared/traces when the checkout sits beside it)
+    monkeypatch.setenv("CATSPROTO_TRACES", str(repo_data))
+    monkeypatch.chdir(trace_io._REPO)
+    places = trace_io.trace_folders()
+    beside = (trace_io._REPO.parent / "shared" / "traces").resolve()
+    expected = 2 if trace_io.SHARED_TRACES.resolve() == beside else 3
+    assert len({p.resolve() for p in places}) == len(places) == expected
+    assert places[0] == repo_data
+    with pytest.raises(TraceFormatError) as caught:
+        trace_io.find_trace("no-such-trace.jsonl")
+    text = str(caught.value)
+    for p in places:
+        assert text.count(str(p / "no-such-trace.jsonl")) == 1
+    assert text.count("no-such-trace.jsonl") == len(places) + 1  # each place and the name
+
+
+def test_a_missing_catsproto_traces_folder_is_refused(monkeypatch, tmp_path, capsys):
+    from catsproto.adapters import trace as trace_io
+
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv("CATSPROTO_TRACES", str(missing))
+    with pytest.raises(TraceFormatError, match=r"CATSPROTO_TRACES is .*nowhere.*not a folder"):
+        trace_io.find_trace()
+    assert cli.main(["eval", "--quiet", "--limit", "5", "--policies", "nearest"]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    with open(TRACE, encoding="utf-8") as f:
+        (folder / trace_io.MOONCAKE).write_text(f.readline())
+    monkeypatch.setenv("CATSPROTO_TRACES", str(folder))
+    assert trace_io.find_trace() == folder / trace_io.MOONCAKE  # first in the order
+
+
+def test_the_trace_help_states_the_search_order():
+    from catsproto.adapters.trace import SEARCH_ORDER
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices["eval"].format_help().split())
+    assert " ".join(SEARCH_ORDER.split()) in text
+    assert SEARCH_ORDER.startswith("$CATSPROTO_TRACES, then the checkout's data/traces")
+
+
+# --- rates, the headline, the report folder ---------------------------------------------
+
+
+def test_rates_over_a_span_too_short_read_n_a(capsys):
+    """One request spans 0 s: its advertisement bytes are no rate (it printed 8112000 B/s
+    over a 1 ms floor); from RATE_MIN_SPAN_S of span on they are bytes over the span."""
+    from catsproto.sim.engine import RATE_MIN_SPAN_S
+
+    args = ["--trace", TRACE, "--speedup", "1", "--policies", "catsproto", "nearest"]
+    (one, _) = _json_of([*args, "--limit", "1", "--json", "--quiet"])
+    assert one["duration_s"] == 0.0 and one["adv_bytes"] > 0
+    assert one["adv_bytes_per_s"] is None and one["raw_event_bytes_per_s"] is None
+    assert one["adv_share_of_raw"] == pytest.approx(one["adv_bytes"] / one["raw_event_bytes"])
+    assert cli.main(["eval", *args, "--limit", "1", "--quiet"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    end = table[0].index("adv B/s") + len("adv B/s")  # the columns are right-aligned
+    cats, nearest = (table[i][:end].split()[-1] for i in (1, 2))
+    assert table[1].split()[0] == "catsproto" and cats == "n/a" and nearest == "–"
+    (row, _) = _json_of([*args, "--limit", "200", "--json", "--quiet"])
+    assert row["duration_s"] >= RATE_MIN_SPAN_S
+    assert row["adv_bytes_per_s"] == pytest.approx(row["adv_bytes"] / row["duration_s"])
+    assert row["raw_event_bytes_per_s"] == pytest.approx(row["raw_event_bytes"] / row["duration_s"])
+
+
+def test_headline_says_more_when_catsproto_is_slower_and_reads_without_hits():
+    rows = [
+        {"policy": "nearest", "speedup": 4.0, "hit_rate": 0.0, "ttft_mean_ms": 400.0},
+        {"policy": "catsproto", "speedup": 4.0, "hit_rate": 0.05, "ttft_mean_ms": 440.0},
+        {"policy": "oracle", "speedup": 4.0, "hit_rate": 0.06, "ttft_mean_ms": 440.0},
+        {"policy": "nearest", "speedup": 1.0, "hit_rate": 0.0, "ttft_mean_ms": 300.0},
+        {"policy": "catsproto", "speedup": 1.0, "hit_rate": 0.0, "ttft_mean_ms": 300.0},
+    ]
+    assert headline(rows) == [
+        "x1: catsproto hit 0.0%, mean TTFT 300.0 ms; against nearest the same hit rate "
+        "(0.0%) and 0.0% less TTFT (300.0 ms)",
+        "x4: catsproto hit 5.0%, mean TTFT 440.0 ms; against nearest a hit rate of 5.0% "
+        "where it has none and 10.0% more TTFT (400.0 ms); level with the oracle (440.0 ms, "
+        "hit 6.0%)",
+    ]
+    for line in headline(rows):
+        assert "n/a" not in line and "-" not in line.replace("catsproto", "")
+
+
+REPORT_ARGS = ["--trace", TRACE, "--limit", "60", "--policies", "nearest", "catsproto"]
+REPORT_ARGS += ["--quiet"]
+
+
+def test_a_report_folder_keeps_only_this_run_of_our_files(tmp_path, capsys):
+    out = tmp_path / "rep"
+    first = [*REPORT_ARGS, "--speedup", "1", "2", "--sweep-limit", "30", "--report", str(out)]
+    assert cli.main(["eval", *first]) == 0
+    ours = {"results.json", "summary.md", "ttft_cdf_x1.png", "ttft_cdf_x2.png"}
+    ours |= {"sweep_update_interval_ms.png", "sweep_target_fpr.png"}
+    assert {p.name for p in out.iterdir()} == ours
+    # what is not ours stays, whatever its name looks like
+    others = ["notes.md", "ttft_cdf_x1.png.bak", "sweep_other.png", "seeds.json", "old.png"]
+    for name in others:
+        (out / name).write_text("mine")
+    (out / "ttft_cdf_x8.png").mkdir()  # a folder, not a file we wrote
+    again = [*REPORT_ARGS, "--speedup", "2", "--sweep-limit", "0", "--report", str(out)]
+    assert cli.main(["eval", *again]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert names == {"results.json", "summary.md", "ttft_cdf_x2.png", "ttft_cdf_x8.png", *others}
+    summary = (out / "summary.md").read_text()
+    assert "ttft_cdf_x1" not in summary and "sweep_" not in summary
+    for name in others:
+        assert (out / name).read_text() == "mine"
+
+
+def test_a_seed_report_removes_its_own_earlier_plots_only(tmp_path):
+    from catsproto.adapters.report import write_seed_report
+
+    rows = [
+        {"policy": p, "speedup": x, "seed": s, "ttft_mean_ms": 400.0 + s + (p == "catsproto")}
+        | {"hit_rate": 0.2}
+        for x in (1.0, 4.0)
+        for p in ("catsproto", "oracle")
+        for s in (1, 2)
+    ]
+    meta = {"trace": "t", "requests": 1, "command": "c", "jobs": 1, "seeds_spec": "1-2"}
+    write_seed_report(tmp_path, rows, seed_aggregate(rows), {"name": "S"}, meta)
+    (tmp_path / "results.json").write_text("a main report's")
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "seeds.json",
+        "seeds.md",
+        "seeds_x1.png",
+        "seeds_x4.png",
+        "results.json",
+    }
+    at_four = [r for r in rows if r["speedup"] == 4.0]
+    write_seed_report(tmp_path, at_four, seed_aggregate(at_four), {"name": "S"}, meta)
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "seeds.json",
+        "seeds.md",
+        "seeds_x4.png",
+        "results.json",
+    }
+
+
+def test_summary_defines_fallbacks_and_the_rate_rule(tmp_path):
+    out = tmp_path / "rep"
+    argv = [*REPORT_ARGS, "--speedup", "4", "--sweep-limit", "0", "--report", str(out)]
+    assert cli.main(["eval", *argv]) == 0
+    text = (out / "summary.md").read_text()
+    assert "fallbacks 10." in text
+    assert "Fallbacks: catsproto decisions made before the deciding C-PS had heard any " in text
+    assert "n/a under 10 s" in text
+    docs = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    assert '"fallbacks" (summary.md) = catsproto decisions made before' in docs
+    assert "under 10 s of span it reads n/a" in docs
+
+
+# --- plots: what a reader must be able to see -------------------------------------------
+
+DOCS_EVAL = Path(__file__).parents[1] / "docs" / "eval"
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("study", ["seeds", "seeds-70b", "seeds-physical"])
+@pytest.mark.parametrize("speedup", [1.0, 4.0])
+def test_seed_plot_legends_cover_no_point_or_bar(study, speedup):
+    """The twenty-seed study's plots (their own numbers): neither legend may lie over a
+    bar of the differences or a per-seed point (seeds_x1.png's legend hid seed 20's)."""
+    from catsproto.adapters.report import seed_figure
+
+    doc = json.loads((DOCS_EVAL / study / "seeds.json").read_text())
+    fig = seed_figure(doc["runs"], doc["aggregate"], speedup, "t")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    top, bottom = fig.axes[0], fig.axes[1]
+    checked = 0
+    for ax in (top, bottom):
+        box = ax.get_legend().get_window_extent(renderer)
+        for bar in ax.patches:
+            checked += 1
+            assert not _overlaps(box, bar.get_window_extent(renderer)), (ax, bar)
+        for line in ax.get_lines():
+            if line.get_linestyle() == "None" and line.get_marker() not in ("", "None", " "):
+                for x, y in line.get_xydata():
+                    checked += 1
+                    px, py = ax.transData.transform((x, y))
+                    assert not (box.x0 - 4 < px < box.x1 + 4 and box.y0 - 4 < py < box.y1 + 4)
+    seeds = {r["seed"] for r in doc["runs"]}
+    assert checked >= 2 * len(seeds) >= 20  # a bar and a point a seed at least
+
+
+def _cdf_results(policies: Sequence[str], n: int = 150):
+    from catsproto.adapters.trace import load_scenario
+    from catsproto.keys import BlockKeyer
+    from catsproto.sim import PreparedTrace, Scenario, apply_overrides, run_policy
+
+    sc = Scenario.from_mapping(apply_overrides(load_scenario("s1"), ["speedup=4"]))
+    keyer = BlockKeyer(sc.secret, sc.model_id, sc.block_tokens)
+    trace = PreparedTrace.build(
+        read_trace(TRACE, n), keyer, len(sc.sites), sc.speedup, sc.ingress_index
+    )
+    return [run_policy(p, trace, sc, seed=1) for p in policies]
+
+
+def test_the_cdf_tells_seven_policies_apart_and_zooms_on_their_middle():
+    from catsproto.adapters.report import cdf_figure
+    from catsproto.sim import POLICIES
+
+    results = _cdf_results(POLICIES)
+    fig = cdf_figure(results, "S1: TTFT CDF, speedup 4")
+    whole, zoom = fig.axes
+    lines = whole.get_lines()
+    assert [line.get_label() for line in lines] == list(POLICIES) == [r.policy for r in results]
+    # the dash pattern as drawn (matplotlib has no public getter: get_linestyle() calls
+    # every custom pattern "--")
+    dashes = [str(line._unscaled_dash_pattern) for line in lines]
+    assert len(set(dashes)) == 7, dashes  # told apart without colour too
+    assert len({line.get_color() for line in lines}) == 7
+    width = {line.get_label(): line.get_linewidth() for line in lines}
+    assert width["catsproto"] > max(w for p, w in width.items() if p != "catsproto")
+    assert zoom.get_ylim() == (0.5, 0.95) and zoom.get_xscale() == "log"
+    assert [line.get_xydata().tolist() for line in zoom.get_lines()] == [
+        line.get_xydata().tolist() for line in lines
+    ]  # the same numbers, only zoomed
+    lo, hi = zoom.get_xlim()
+    ttft = [np.quantile(r.ttft_ms / 1000, q) for r in results for q in (0.5, 0.95)]
+    assert min(ttft) >= lo and hi < max(ttft)  # the worst policies leave it to the right
+
+
+def test_a_sweep_plot_states_its_requests_and_starts_its_axes_at_zero(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from catsproto.adapters.report import sweep_figure, write_report
+
+    pts = [
+        {"target_fpr": f, "hit_rate": h, "ttft_mean_ms": 1.0, "adv_bytes_per_s": b}
+        | {"adv_share_of_raw": 0.01}
+        for f, h, b in ((0.001, 0.152, 1200.0), (0.01, 0.149, 900.0), (0.2, 0.144, None))
+    ]
+    fig = sweep_figure(pts, "target_fpr", "target false-positive rate", "S1: title")
+    hit_axis, bytes_axis = fig.axes
+    assert hit_axis.get_ylim()[0] == 0 and bytes_axis.get_ylim()[0] == 0
+    assert hit_axis.get_ylim()[1] > 15.2 and bytes_axis.get_ylim()[1] > 1200
+    (hits,) = hit_axis.get_lines()
+    assert hits.get_ydata().tolist() == pytest.approx([15.2, 14.9, 14.4])
+    (rates,) = bytes_axis.get_lines()
+    assert rates.get_ydata().tolist() == [1200.0, 900.0]  # the n/a point left out
+    # the report's sweep plot says on how many requests, at which speedup: the titles of
+    # the figures it saves (each still saved)
+    titles = []
+    save = matplotlib.figure.Figure.savefig
+
+    def save_and_note_title(self, *args, **kwargs):
+        titles.append(self.axes[0].get_title())
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", save_and_note_title)
+    results = _cdf_results(["catsproto"], 30)
+    rows = summary_rows(results, 512)
+    meta = {"trace": "t", "requests": 30, "command": "c", "wall_s": 0.0, "sweep_requests": 2000}
+    write_report(tmp_path, rows, results, {"name": "S1"}, {"target_fpr": pts}, meta)
+    assert "S1: catsproto on the first 2,000 requests, speedup 1, one run per point" in titles
+    assert (tmp_path / "sweep_target_fpr.png").stat().st_size > 1000

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +59,38 @@ def test_a_plan_appears_whole_or_not_at_all(tmp_path):
     write_plan(tmp_path, "000.json", plan)
     assert [p.name for p in (tmp_path / "plans").iterdir()] == ["000.json"]
     assert json.loads((tmp_path / "plans" / "000.json").read_text()) == plan
+
+
+def _chaos(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "catsproto", "chaos", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _chaos_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("catsproto-chaos-*")}
+
+
+def test_an_unwritable_json_file_is_refused_before_the_campaign():
+    before = _chaos_dirs()
+    started = time.monotonic()
+    out = _chaos("--only", "crash", "--json", "/nonexistent-dir/x.json", timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        "catsproto chaos: --json /nonexistent-dir/x.json: no folder /nonexistent-dir"
+    )
+    assert "chaos campaign" not in out.stdout  # nothing ran
+    assert time.monotonic() - started < 30
+    assert _chaos_dirs() <= before
+
+
+def test_a_run_leaves_no_temporary_folder():
+    before = _chaos_dirs()
+    out = _chaos("--only", "crash")
+    assert out.returncode in (0, 1), out.stderr
+    assert "crash" in out.stdout
+    assert _chaos_dirs() <= before, "the campaign's temporary folder was left behind"

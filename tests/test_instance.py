@@ -130,6 +130,41 @@ def test_prompts_hit_their_cache_and_the_node_mirrors_it(served) -> None:  # typ
 TIERS_ORDER = [t.tier for t in TIERS]
 
 
+def _strict(text: bytes) -> Any:
+    """Parse `text` as strict JSON: NaN and Infinity are not JSON (RFC 8259)."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in a JSON body: {text[:200]!r}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_state_is_strict_json_with_null_for_never_advertised(served) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    state = _strict(get(server.url, "/state"))
+    assert state["engine"]["last_advertised_s_ago"] is None  # nothing advertised yet
+    server.engine.last_advertised = time.monotonic() - 2.0
+    again = _strict(get(server.url, "/state"))
+    assert 2.0 <= again["engine"]["last_advertised_s_ago"] < 60
+
+
+def test_hash_ids_up_to_2_64_minus_1_are_served_and_mirrored() -> None:
+    server, node = start(KeyMode.ENGINE_IDS)
+    try:
+        top = (1 << 64) - 1
+        status, reply = post(server.url, {"hash_ids": [top, 1 << 63], "input_length": 2 * BS})
+        assert status == 200, reply
+        status, again = post(server.url, {"hash_ids": [top, 1 << 63], "input_length": 2 * BS})
+        assert again["cached_blocks"] == 2
+        status, reply = post(server.url, {"hash_ids": [1 << 64], "input_length": BS})
+        assert status == 400 and "0..2^64-1" in reply["error"]
+        settle(node, server.engine)  # the ids crossed the KV-event stream as u64
+        keys = BlockKeyer(SECRET, "m", BS).engine_keys("mooncake", [top, 1 << 63])
+        assert {int(k) for k in keys} <= set(node.cache.lru_keys(Tier.HBM))
+    finally:
+        server.close()
+
+
 def test_bad_requests_get_400(served) -> None:  # type: ignore[no-untyped-def]
     server, _ = served
     assert post(server.url, {"prompt_token_ids": "x"})[0] == 400
@@ -234,3 +269,67 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
             proc.kill()
             proc.wait()
         proc.stderr.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("rest", "says"),
+    [
+        (
+            ["serve", "--port", "0", "--adverts-out", "/nonexistent-dir/a.jsonl"],
+            "--adverts-out /nonexistent-dir/a.jsonl: cannot open: No such file or directory",
+        ),
+        (
+            ["node", "--endpoint", "tcp://127.0.0.1:1", "--adverts-out", "/nonexistent-dir/a"],
+            "--adverts-out /nonexistent-dir/a: cannot open: No such file or directory",
+        ),
+        (
+            ["serve", "--port", "0", "--host", "192.0.2.77"],
+            "--host 192.0.2.77 --port 0: cannot listen: Cannot assign requested address",
+        ),
+    ],
+)
+def test_os_errors_name_the_option_and_the_address_once(rest: list[str], says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "catsproto", "instance", *rest, "--secret", SECRET.hex()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"catsproto instance: {says}\n"
+
+
+def test_max_message_help_says_what_is_accepted() -> None:
+    from catsproto.cli import build_parser
+    from catsproto.commands.instance import _builder_config
+
+    for command in ("serve", "node"):
+        r = subprocess.run(
+            [sys.executable, "-m", "catsproto", "instance", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text = " ".join(r.stdout.split())
+        assert "--max-message MAX_MESSAGE largest BGP message in bytes, 1..65535," in text
+    args = build_parser().parse_args(["instance", "serve", "--max-message", "70000"])
+    with pytest.raises(UsageError, match=r"--max-message 70000 is not 1..65535"):
+        _builder_config(args, [])
+
+
+def test_the_dampening_thresholds_reach_the_builder_and_bad_ones_are_refused() -> None:
+    """--score-threshold and --wait-threshold-ms (the draft's score and queue-wait
+    triggers) reach the builder's dampening policy; a wait threshold of 0 or NaN is a
+    usage error naming it."""
+    from catsproto.cli import build_parser
+    from catsproto.commands.instance import _builder_config
+
+    args = build_parser().parse_args(
+        ["instance", "serve", "--score-threshold", "11", "--wait-threshold-ms", "500"]
+    )
+    policy = _builder_config(args, [TierSpec(Tier.HBM, 64, 0, 1000)]).dampening
+    assert (policy.score_threshold, policy.wait_threshold_ms) == (11, 500.0)
+    for bad in ("0", "-5", "nan"):
+        args = build_parser().parse_args(["instance", "serve", "--wait-threshold-ms", bad])
+        with pytest.raises(UsageError, match="wait_threshold_ms"):
+            _builder_config(args, [TierSpec(Tier.HBM, 64, 0, 1000)])

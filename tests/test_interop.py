@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -98,6 +99,64 @@ def test_cli_registers_interop() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "--transit" in out.stdout and "--extended" in out.stdout
+
+
+def _interop(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "catsproto", "interop", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _interop_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("catsproto-interop-*")}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--markdown", "/nonexistent-dir/x.md"], "--markdown /nonexistent-dir/x.md: no folder"),
+        (["--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: no folder"),
+        (["--update-doc", "/nonexistent-dir/doc.md"], "--update-doc /nonexistent-dir/doc.md"),
+        (["--sizes", "abc"], "--sizes: 'abc' is not a whole number"),
+        (["--sizes", "0,70000"], "--sizes: 70000 is outside 0..65535"),
+        (["--jobs", "0"], "--jobs: 0 is not >= 1"),
+        (["--settle", "nan"], "--settle: nan is not a positive, finite number of seconds"),
+    ],
+)
+def test_bad_options_are_refused_before_any_lab(argv: list[str], says: str) -> None:
+    before = _interop_dirs()
+    started = time.monotonic()
+    out = _interop(*argv)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert time.monotonic() - started < 30  # no lab ran (one takes over 4 s)
+    assert _interop_dirs() <= before
+
+
+def test_update_doc_without_markers_is_refused_and_untouched(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("no markers here\n")
+    out = _interop("--update-doc", str(doc))
+    assert out.returncode == 2
+    assert "no <!-- interop-matrix:begin --> ... <!-- interop-matrix:end --> markers" in out.stderr
+    assert doc.read_text() == "no markers here\n"
+    with pytest.raises(ValueError, match="markers"):
+        matrix.update_doc(doc, "| new |\n")
+    assert doc.read_text() == "no markers here\n"
+
+
+def test_a_size_too_large_leaves_no_run_folder() -> None:
+    before = _interop_dirs()
+    with pytest.raises(matrix.ArgumentError, match="--sizes: 70000"):
+        matrix.run_lab("bird", True, [256, 70_000], tag="xsz")
+    with pytest.raises(matrix.ArgumentError, match="--sizes: 260 sizes"):
+        matrix.run_matrix(("bird",), (True,), list(range(260)))
+    assert _interop_dirs() <= before
 
 
 # ---- with the daemons ----------------------------------------------------------------

@@ -74,16 +74,14 @@ def test_capture_reports_tcpdumps_failure_and_leaves_an_older_file_alone(loop, t
     assert cli.main([*argv, "--filter", "bogus filter((("]) == 2
     out, err = capsys.readouterr()
     assert err.count("\n") == 1, err
-    assert err.startswith("catsproto lab capture: tcpdump failed (exit status 1): ")
+    assert err.startswith("catsproto lab: tcpdump failed (exit status 1): ")
     assert "syntax error" in err and "wrote" not in out
     assert pcap.read_bytes() == b"old bytes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.pcap"]  # no partial file
     missing = tmp_path / "nonexist" / "x.pcap"
     assert cli.main(["lab", "capture", "e2", "-w", str(missing), *_lab_args(loop)]) == 2
     err = capsys.readouterr().err
-    assert (
-        err == f"catsproto lab capture: cannot write {missing}: {missing.parent} does not exist\n"
-    )
+    assert err == f"catsproto lab: cannot write {missing}: {missing.parent} does not exist\n"
 
 
 def test_select_finds_a_loopback_lab_where_lab_status_does_and_invents_no_transit(
@@ -159,7 +157,7 @@ def test_ctrl_c_while_lab_up_builds_is_one_line_exit_130_and_leaves_nothing(tmp_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert err == "catsproto lab up: interrupted\n"
+    assert err == "catsproto lab: interrupted\n"
     assert not (tmp_path / tag).exists()
     assert netns.leftover_namespaces(tag) == []
     daemons = subprocess.run(["pgrep", "-f", f"{tmp_path}/"], capture_output=True, text=True)

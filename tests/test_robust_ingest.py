@@ -454,7 +454,4 @@ def test_a_key_file_that_is_not_utf8_is_a_usage_error(command: str, tmp_path: Pa
         text=True,
         timeout=30,
     )  # fmt: skip
-    assert (
-        r.returncode == 2
-        and r.stderr == f"catsproto transfer {command}: cannot read {bad}: not UTF-8 text\n"
-    )
+    assert r.returncode == 2 and r.stderr == f"catsproto transfer: --key {bad}: not UTF-8 text\n"

@@ -654,6 +654,42 @@ def test_arrival_spread_values(value, mode):
 def test_arrival_spread_refuses_what_it_does_not_know():
     with pytest.raises(ScenarioError, match="arrival_spread 'poisson'"):
         mini(arrival_spread="poisson")
+    for number in (0, 1):  # 0 == False in Python, but not a value of the key
+        with pytest.raises(ScenarioError, match=f"arrival_spread {number} is not"):
+            mini(arrival_spread=number)
+    # from the command line a string: --set arrival_spread=false / true / random
+    raw = load_scenario("s1")
+    for text, mode in (("false", "none"), ("true", "even"), ("even", "even"), ("random", "random")):
+        got = Scenario.from_mapping(apply_overrides(raw, [f"arrival_spread={text}"]))
+        assert got.arrival_spread == mode, text
+
+
+BOOLEAN_KEYS = sorted(f.name for f in dataclasses.fields(Scenario) if f.type in ("bool", bool))
+
+
+def test_every_boolean_key_is_checked():
+    assert len(BOOLEAN_KEYS) == 10 and "sharded" in BOOLEAN_KEYS and "remote_kv" in BOOLEAN_KEYS
+
+
+@pytest.mark.parametrize("key", BOOLEAN_KEYS)
+def test_a_boolean_key_takes_true_or_false_and_nothing_else(key):
+    """`--set sharded=False` reaches the scenario as the string 'False' (not JSON), which
+    bool() read as true: every boolean key refuses anything but a real boolean."""
+    raw = load_scenario("s1")
+    if key == "selector_peers":
+        raw = {**raw, "site_dispatch": False}  # selector_peers needs the flat selector
+    for value in (True, False):
+        text = "true" if value else "false"
+        got = Scenario.from_mapping(apply_overrides(raw, [f"{key}={text}"]))
+        assert getattr(got, key) is value
+        assert getattr(Scenario.from_mapping({**raw, key: value}), key) is value
+    for text, shown in (("False", "'False'"), ("no", "'no'"), ("off", "'off'"), ("0", "0")):
+        with pytest.raises(ScenarioError) as caught:
+            Scenario.from_mapping(apply_overrides(raw, [f"{key}={text}"]))
+        assert str(caught.value) == f"{key} must be true or false, not {shown}"
+    for value in (1, "true", None, [True]):
+        with pytest.raises(ScenarioError, match=f"^{key} must be true or false, not "):
+            Scenario.from_mapping({**raw, key: value})
 
 
 def test_the_conversation_trace_ticks_every_three_seconds():

@@ -212,3 +212,33 @@ def test_an_ingress_on_another_keying_secret_credits_no_cache(tmp_path):
     assert SteeringConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     with pytest.raises(ValueError, match="secret_id"):
         dataclasses.replace(config, secret_id=-1)
+
+
+def test_hash_ids_up_to_2_64_minus_1_are_keyed_as_the_instance_keys_them(service):
+    from catsproto.adapters.instance import mooncake_block_keys
+
+    top = (1 << 64) - 1
+    request = service.request({"cs_id": 100, "hash_ids": [top, 5, 1 << 63], "input_length": 48})
+    assert [int(k) for k in request.block_keys] == [
+        int(k) for k in mooncake_block_keys(service.keyer, [top, 5, 1 << 63])
+    ]
+    assert request.block_keys[0] != mooncake_block_keys(service.keyer, [top - 1])[0]
+    with pytest.raises(SteeringError, match=r"hash_ids must be a list of integers 0..2\^64-1"):
+        service.request({"cs_id": 100, "hash_ids": [1 << 64], "input_length": 16})
+    with pytest.raises(SteeringError, match="hash_ids"):
+        service.request({"cs_id": 100, "hash_ids": [True], "input_length": 16})
+
+
+def test_json_bodies_are_strict_json():
+    from catsproto.adapters.strict_json import json_body
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in a JSON body")
+
+    body = {"a": float("inf"), "b": [1.5, float("nan"), {"c": float("-inf")}], "d": (2.0,)}
+    assert json.loads(json_body(body), parse_constant=refuse) == {
+        "a": None,
+        "b": [1.5, None, {"c": None}],
+        "d": [2.0],
+    }
+    assert json_body({"x": 1, "y": "z"}) == b'{"x": 1, "y": "z"}'

@@ -193,3 +193,40 @@ def test_a_short_handshake_timeout_gives_up_on_a_silent_holder(files):
     assert "deadline of 0.5 s" in out["error"]
     # the process start and imports included; the default would wait 5 s for the offer
     assert took < transfer_cli.HANDSHAKE_TIMEOUT_S, took
+
+
+@pytest.mark.parametrize("command", ["serve", "pull"])
+def test_a_missing_key_file_names_the_option_and_the_path_once(command: str, files) -> None:
+    rest = (
+        ["--synthetic", "7:4:1024", "--listen", "127.0.0.1:0"]
+        if command == "serve"
+        else ["--synthetic", "7:4", "--from", "127.0.0.1:9"]
+    )
+    missing = "/nonexistent-dir/key.json"
+    r = subprocess.run(
+        [*CLI, command, "--key", missing, "--trust", files["trust"], *rest],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert (
+        r.stderr == f"catsproto transfer: --key {missing}: cannot read: No such file or directory\n"
+    )
+
+
+def test_a_refused_pull_says_connection_refused() -> None:
+    with socket.socket() as s:  # bound, never listening: the connect is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        r = subprocess.run(
+            [*CLI, "pull", "--plaintext", "--from", f"127.0.0.1:{port}", "--synthetic", "7:4"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["error"] == (
+        f"ConnectError: connection refused by 127.0.0.1:{port} (no holder listens there)"
+    )

@@ -18,6 +18,7 @@ import pytest
 
 from catsproto.adapters.transfer_tls import (
     ChannelError,
+    ConnectError,
     PeerAuthError,
     PeerPolicy,
     ServerOptions,
@@ -204,8 +205,22 @@ def test_unknown_puller_is_refused_by_the_holder(identities) -> None:
         r = pull(srv.address, identities["stranger"], expect_holder(), KEYS)
         wait_served(srv)
     assert isinstance(r.error, PeerAuthError)
+    assert str(r.error) == (
+        "handshake: the holder closed the connection during the offer: "
+        "it may not trust this node's key"
+    )
     assert_nothing_admitted(r)
     assert "unknown-key" in srv.served[0].error and srv.served[0].blocks_sent == 0
+
+
+def test_a_refused_connection_says_so(identities) -> None:
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        address = s.getsockname()
+        r = pull(address, identities["puller"], expect_holder(), KEYS)
+    assert isinstance(r.error, ConnectError)
+    assert str(r.error) == f"connection refused by 127.0.0.1:{address[1]} (no holder listens there)"
+    assert_nothing_admitted(r)
 
 
 @pytest.mark.parametrize("side", ["holder", "puller"])

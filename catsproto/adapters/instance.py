@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import itertools
-import json
+import math
 import queue
 import threading
 import time
@@ -74,6 +74,7 @@ from catsproto.adapters.metrics import (
     node_registry,
     render,
 )
+from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.vllm_events import (
     RankEndpoint,
     VllmEventPublisher,
@@ -324,9 +325,9 @@ class ModelledEngine:
         if "hash_ids" in body:
             ids, length = body["hash_ids"], body.get("input_length")
             if not isinstance(ids, list) or not all(
-                isinstance(i, int) and 0 <= i < 1 << 63 for i in ids
+                type(i) is int and 0 <= i < 1 << 64 for i in ids
             ):
-                raise PromptError("hash_ids must be a list of non-negative integers")
+                raise PromptError("hash_ids must be a list of integers 0..2^64-1")
             if not isinstance(length, int) or length < 0:
                 raise PromptError("input_length must be a non-negative integer")
             return [(h, p, None) for h, p in zip(ids, [None, *ids], strict=False)], length
@@ -586,7 +587,12 @@ class ModelledEngine:
                 "stale_hits": self.ledger.to_json(),
                 "transfers": dict(self.transfers),
                 "served_missing": dict(self.served_missing),
-                "last_advertised_s_ago": round(time.monotonic() - self.last_advertised, 3),
+                # null until the C-SMA has advertised once (strict JSON has no Infinity)
+                "last_advertised_s_ago": (
+                    round(time.monotonic() - self.last_advertised, 3)
+                    if math.isfinite(self.last_advertised)
+                    else None
+                ),
             }
 
     def close(self) -> None:
@@ -774,7 +780,7 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _json(self, status: int, obj: Any) -> None:
-            self._send(status, json.dumps(obj).encode())
+            self._send(status, json_body(obj))
 
         def do_GET(self) -> None:
             if self.path == "/state":

@@ -11,23 +11,31 @@ from __future__ import annotations
 import errno
 import json
 import math
+import re
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from catsproto.sim import RunResult
+from catsproto.sim.engine import RATE_MIN_SPAN_S
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
+    "cdf_figure",
     "format_seed_table",
     "format_table",
     "headline",
     "raw_event_bytes",
     "seed_aggregate",
+    "seed_figure",
     "summary_rows",
+    "sweep_figure",
     "write_report",
     "write_seed_report",
 ]
@@ -87,9 +95,21 @@ COLUMNS = [
 ]
 
 
+_RATES = ("adv_bytes_per_s", "raw_event_bytes_per_s")
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], markdown: bool = False) -> str:
+    """The main table; a rate of a run with advertisements but too short a span for a
+    rate (`RATE_MIN_SPAN_S`) reads "n/a", a column that does not apply "–"."""
     header = [c[1] for c in COLUMNS]
-    return _grid(header, [[_cell(r, k, f) for k, _, f in COLUMNS] for r in rows], markdown)
+    body = [
+        [
+            "n/a" if k in _RATES and "adv_bytes" in r and r.get(k) is None else _cell(r, k, f)
+            for k, _, f in COLUMNS
+        ]
+        for r in rows
+    ]
+    return _grid(header, body, markdown)
 
 
 def headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -105,22 +125,40 @@ def headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         parts = [f"x{speedup:g}: catsproto hit {hit:.1%}, mean TTFT {mean:.1f} ms"]
         near = at.get("nearest")
         if near is not None:
-            times = f"{hit / near['hit_rate']:.1f}x" if near["hit_rate"] else "n/a"
-            less = 1 - mean / near["ttft_mean_ms"] if near["ttft_mean_ms"] else 0.0
             parts.append(
-                f"against nearest {times} the hit rate ({near['hit_rate']:.1%}) and "
-                f"{less:.1%} less TTFT ({near['ttft_mean_ms']:.1f} ms)"
+                f"against nearest {_hit_ratio(hit, near['hit_rate'])} and "
+                f"{_ttft_change(mean, near['ttft_mean_ms'])}"
             )
         oracle = at.get("oracle")
         if oracle is not None:
             gap = mean - oracle["ttft_mean_ms"]
-            word = "above" if gap > 0 else "below"
-            parts.append(
-                f"{abs(gap):.1f} ms {word} the oracle ({oracle['ttft_mean_ms']:.1f} ms, "
-                f"hit {oracle['hit_rate']:.1%})"
+            where = (
+                f"{abs(gap):.1f} ms {'above' if gap > 0 else 'below'} the oracle"
+                if gap
+                else "level with the oracle"
             )
+            parts.append(f"{where} ({oracle['ttft_mean_ms']:.1f} ms, hit {oracle['hit_rate']:.1%})")
         lines.append("; ".join(parts))
     return lines
+
+
+def _hit_ratio(hit: float, other: float) -> str:
+    """catsproto's hit rate against another policy's: a ratio, or both when that has none."""
+    if other:
+        return f"{hit / other:.1f}x the hit rate ({other:.1%})"
+    if hit:
+        return f"a hit rate of {hit:.1%} where it has none"
+    return f"the same hit rate ({other:.1%})"
+
+
+def _ttft_change(mean: float, other: float) -> str:
+    """catsproto's mean TTFT against another policy's: "x% less" or "x% more" (never a
+    negative "less")."""
+    if not other:
+        return f"a mean TTFT of {mean:.1f} ms against {other:.1f} ms"
+    change = 1 - mean / other
+    word = "less" if change >= 0 else "more"
+    return f"{abs(change):.1%} {word} TTFT ({other:.1f} ms)"
 
 
 def summary_rows(results: Sequence[RunResult], block_tokens: int) -> list[dict[str, Any]]:
@@ -130,53 +168,116 @@ def summary_rows(results: Sequence[RunResult], block_tokens: int) -> list[dict[s
         if r.control:
             raw = raw_event_bytes(r.engine_events, block_tokens)
             s["raw_event_bytes"] = raw
-            s["raw_event_bytes_per_s"] = raw / r.duration_s
+            s["raw_event_bytes_per_s"] = r.per_second(raw)
             s["adv_share_of_raw"] = s["adv_bytes"] / raw if raw else None
         rows.append(s)
     return rows
 
 
-def _cdf_plot(results: Sequence[RunResult], path: Path, title: str) -> None:
-    import matplotlib
+def _figure(width: float, height: float) -> Figure:
+    """A figure drawn by Agg, outside pyplot (no global state; nothing to close)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig = Figure(figsize=(width, height), dpi=90)
+    FigureCanvasAgg(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=90)
-    for r in results:
-        x = np.sort(r.ttft_ms) / 1000
-        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=r.policy, lw=1.2)
+
+# Seven policies on one CDF: a colour and a line pattern each (catsproto solid and
+# heavy, the oracle dashed over it), so that curves lying on each other stay apart.
+_POLICY_LINES: dict[str, tuple[Any, float]] = {
+    "random": (":", 1.4),
+    "round-robin": ("-.", 1.3),
+    "least-loaded": ((0, (6, 2, 1, 2, 1, 2)), 1.3),
+    "nearest": ((0, (3, 1)), 1.3),
+    "compute-aware": ((0, (8, 3)), 1.3),
+    "catsproto": ("-", 2.4),
+    "oracle": ("--", 1.6),
+}
+_OTHER_LINES = ("-", "--", "-.", ":", (0, (1, 1)))
+_ZOOM = (0.5, 0.95)  # the CDF's second panel: the fractions where the policies part
+
+
+def _seconds_axis(ax: Any, subs: tuple[float, ...]) -> None:
+    """A log time axis labelled 0.01, 0.1, 1 (with `subs` (1, 2, 5): 0.2, 0.5, 1, 2, ...)
+    rather than 10⁻² and unlabelled or crowded minor ticks."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("time to first token (s)")
+    ax.grid(alpha=0.3)
+
+
+def cdf_figure(results: Sequence[RunResult], title: str) -> Figure:
+    """TTFT CDF of every policy, log time axis: the whole distribution on the left and,
+    on the right, the same curves between the 50th and 95th percentiles over the times
+    where the better half of the policies reach them (the worst leave it to the right)."""
+    fig = _figure(10.0, 4.2)
+    ax, zoom = fig.subplots(1, 2)
+    lo_q, hi_q = [], []
+    for i, r in enumerate(results):
+        x = np.sort(r.ttft_ms) / 1000
+        y = np.arange(1, len(x) + 1) / len(x)
+        ls, lw = _POLICY_LINES.get(r.policy, (_OTHER_LINES[i % len(_OTHER_LINES)], 1.3))
+        style = {"color": f"C{i % 10}", "ls": ls, "lw": lw}
+        ax.plot(x, y, label=r.policy, **style)
+        zoom.plot(x, y, **style)
+        if len(x):
+            lo_q.append(float(np.quantile(x, _ZOOM[0])))
+            hi_q.append(float(np.quantile(x, _ZOOM[1])))
+    _seconds_axis(ax, (1.0,))
+    _seconds_axis(zoom, (1.0, 2.0, 5.0))
     ax.set_ylabel("fraction of requests")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    right = float(np.median(hi_q)) if hi_q else 0.0
+    if lo_q and min(lo_q) > 0 and right > min(lo_q):
+        zoom.set_xlim(min(lo_q) / 1.05, right * 1.05)
+        zoom.set_ylim(*_ZOOM)
+    zoom.set_title(f"zoom: {_ZOOM[0]:.0%} to {_ZOOM[1]:.0%} of requests")
+    ax.legend(fontsize=8, loc="upper left", handlelength=3.5)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def _sweep_plot(sweep: Sequence[Mapping[str, Any]], key: str, label: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def sweep_figure(sweep: Sequence[Mapping[str, Any]], key: str, label: str, title: str) -> Figure:
+    """catsproto's hit rate and advertisement bytes/s against one swept setting, both
+    axes from zero (the hit rate moves by tenths of a point: noise on this slice). A
+    point whose rate is n/a (too short a span) is left out of the bytes line."""
     pts = sorted((p[key], p["hit_rate"], p["adv_bytes_per_s"]) for p in sweep)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=90)
+    fig = _figure(6.4, 3.8)
+    ax = fig.subplots()
     xs = [p[0] for p in pts]
-    ax.plot(xs, [100 * p[1] for p in pts], "o-", color="C0")
+    hits = [100 * p[1] for p in pts]
+    ax.plot(xs, hits, "o-", color="C0")
     ax.set_xscale("log")
     ax.set_xlabel(label)
     ax.set_ylabel("catsproto hit rate (%)", color="C0")
+    ax.set_ylim(0, max([*hits, 1.0]) * 1.15)
     ax2 = ax.twinx()
-    ax2.plot(xs, [p[2] for p in pts], "s--", color="C3")
+    rated = [(x, b) for x, _, b in pts if b is not None]
+    ax2.plot([x for x, _ in rated], [b for _, b in rated], "s--", color="C3")
     ax2.set_ylabel("advertisement bytes/s", color="C3")
+    ax2.set_ylim(0, max([b for _, b in rated] or [1.0]) * 1.15)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
+
+
+def _legend_clear_of_data(ax: Any, data_lo: float, data_hi: float, **kwargs: Any) -> None:
+    """A legend in the upper left of `ax` with the y-axis raised so that nothing drawn
+    between `data_lo` and `data_hi` goes under it (the figure's layout already set)."""
+    legend = ax.legend(fontsize=8, loc="upper left", **kwargs)
+    renderer = ax.figure.canvas.get_renderer()
+    box = legend.get_window_extent(renderer).transformed(ax.transAxes.inverted())
+    free = max(box.y0 - 0.03, 0.2)  # the axes' fraction below the legend
+    span = (data_hi - data_lo) or 1.0
+    lo = data_lo - 0.05 * span
+    ax.set_ylim(lo, lo + (data_hi - lo) / free)
 
 
 def prepare_report_dir(out: Path) -> None:
@@ -207,16 +308,23 @@ def write_report(
     for speedup in sorted({r.speedup for r in results}):
         group = [r for r in results if r.speedup == speedup]
         p = out / f"ttft_cdf_x{speedup:g}.png"
-        _cdf_plot(group, p, f"{scenario.get('name')}: TTFT CDF, speedup {speedup:g}")
+        cdf_figure(group, f"{scenario.get('name')}: TTFT CDF, speedup {speedup:g}").savefig(p)
         written.append(p)
     labels = {
         "update_interval_ms": "update interval (ms)",
         "target_fpr": "target false-positive rate",
     }
+    sweep_requests = meta.get("sweep_requests")
     for key, pts in sweeps.items():
         if pts:
             p = out / f"sweep_{key}.png"
-            _sweep_plot(pts, key, labels.get(key, key), p)
+            title = (
+                f"{scenario.get('name')}: catsproto on the first {sweep_requests:,} "
+                f"requests, speedup 1, one run per point"
+                if isinstance(sweep_requests, int)
+                else f"{scenario.get('name')}: catsproto, one run per point"
+            )
+            sweep_figure(pts, key, labels.get(key, key), title).savefig(p)
             written.append(p)
     md = [
         f"# catsproto evaluation: {scenario.get('name')}",
@@ -229,18 +337,58 @@ def write_report(
     ]
     for s in rows:
         if "adv_bytes" in s:
+            rate = s["adv_bytes_per_s"]
+            per_s = (
+                f"{rate:.0f} B/s"
+                if rate is not None
+                else f"rate n/a: a span of {s['duration_s']:g} s, under {RATE_MIN_SPAN_S:g} s"
+            )
+            share = s["adv_share_of_raw"]
             md.append(
                 f"- catsproto x{s['speedup']:g}: {s['advertisements']} advertisements, "
-                f"{s['adv_bytes']} bytes ({s['adv_bytes_per_s']:.0f} B/s) against "
+                f"{s['adv_bytes']} bytes ({per_s}) against "
                 f"{s['raw_event_bytes']} bytes of raw vLLM events "
-                f"({s['adv_share_of_raw']:.2%}); stale hits {s['stale_hits']}, "
+                f"({'–' if share is None else f'{share:.2%}'}); stale hits {s['stale_hits']}, "
                 f"false-positive hits {s['false_positive_hits']}, fallbacks {s['fallbacks']}."
             )
+    if any("adv_bytes" in s for s in rows):
+        md += ["", _FALLBACKS]
     md += ["", *[f"![{p.stem}]({p.name})" for p in written if p.suffix == ".png"], ""]
     p = out / "summary.md"
     p.write_text("\n".join(md))
     written.append(p)
+    _remove_stale(out, _REPORT_FILES, written)
     return written
+
+
+_FALLBACKS = (
+    "Fallbacks: catsproto decisions made before the deciding C-PS had heard any "
+    "advertisement (the first requests of a run); each went to the least-loaded instance "
+    "of that C-PS's site. Rates are over the trace's span after the speedup (first to "
+    f"last arrival), n/a under {RATE_MIN_SPAN_S:g} s."
+)
+
+# What `write_report` / `write_seed_report` name their files, and nothing else: an
+# earlier report's files of the same kind that a new one does not write are removed.
+_REPORT_FILES = re.compile(
+    r"results\.json|summary\.md|ttft_cdf_x[0-9][0-9.e+-]*\.png"
+    r"|sweep_(update_interval_ms|target_fpr)\.png"
+)
+_SEED_REPORT_FILES = re.compile(r"seeds\.json|seeds\.md|seeds_x[0-9][0-9.e+-]*\.png")
+
+
+def _remove_stale(out: Path, names: re.Pattern[str], written: Sequence[Path]) -> None:
+    """Remove the regular files in `out` whose names `names` matches and that this run
+    did not write (a plot of a speedup or sweep not run this time); nothing else."""
+    keep = {p.name for p in written}
+    for entry in out.iterdir():
+        if (
+            names.fullmatch(entry.name)
+            and entry.name not in keep
+            and entry.is_file()
+            and not entry.is_symlink()
+        ):
+            entry.unlink()
 
 
 def seed_aggregate(
@@ -351,23 +499,17 @@ def _grid(header: list[str], body: list[list[str]], markdown: bool) -> str:
     return "\n".join([fmt_line.format(*header)] + [fmt_line.format(*r) for r in body])
 
 
-def _seed_plot(
+def seed_figure(
     runs: Sequence[Mapping[str, Any]],
     aggregate: Sequence[Mapping[str, Any]],
     speedup: float,
-    path: Path,
     title: str,
-) -> None:
+) -> Figure:
     """Per-seed mean TTFT of each policy that moves with the seed as points (its mean
     dashed) and the reference (the oracle) as a horizontal line; below, the per-seed
     difference to the reference as bars, with its mean and standard error. Other
     policies that are the same on every seed are only named in a note (they would
     squash the scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     group = [a for a in aggregate if a["speedup"] == speedup]
     moving = [a for a in group if a["ttft_min_ms"] != a["ttft_max_ms"]]
     refs = {a["reference"] for a in moving if a["reference"]}
@@ -380,11 +522,11 @@ def _seed_plot(
             by_policy.setdefault(str(r["policy"]), {})[int(r["seed"])] = float(r["ttft_mean_ms"])
     ax2 = None
     if paired:
-        fig, (ax, ax2) = plt.subplots(
-            2, 1, figsize=(7.0, 5.8), dpi=90, sharex=True, height_ratios=[3, 2]
-        )
+        fig = _figure(7.0, 5.8)
+        ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     else:
-        fig, ax = plt.subplots(figsize=(7.0, 4.0), dpi=90)
+        fig = _figure(7.0, 4.0)
+        ax = fig.subplots()
     all_seeds = sorted({s for v in by_policy.values() for s in v})
     lo, hi = (min(all_seeds), max(all_seeds)) if all_seeds else (0, 1)
     colors = {a["policy"]: f"C{i}" for i, a in enumerate(drawn)}
@@ -413,17 +555,12 @@ def _seed_plot(
     ax.set_ylabel("mean TTFT (ms)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     if left_out:
         note = ", ".join(f"{a['policy']} {a['ttft_mean_ms']:.1f} ms" for a in left_out)
-        ax.text(
-            0.01,
-            0.02,
-            f"not drawn (the same on every seed): {note}",
-            transform=ax.transAxes,
-            fontsize=7,
-            color="0.35",
-        )
+        ax.plot([], [], " ", label=f"not drawn (the same on every seed): {note}")
+    top = [v for a in drawn for v in by_policy[a["policy"]].values()]
+    top += [a["ttft_mean_ms"] for a in drawn]
+    bottom = [0.0]
     if ax2 is not None:
         width = 0.8 / len(paired)
         for j, a in enumerate(paired):
@@ -444,16 +581,19 @@ def _seed_plot(
             )
             ax2.axhspan(m - se, m + se, color=color, alpha=0.15)
             ax2.axhline(m, color=color, lw=1, ls="--")
+            bottom += [*ds, m - se, m + se]
         ax2.axhline(0, color="black", lw=0.8)
         ax2.set_ylabel("difference, same seed (ms)")
         ax2.grid(alpha=0.3)
-        ax2.legend(fontsize=8)
     (ax2 or ax).set_xlabel("scenario seed")
     if all_seeds and len(all_seeds) <= 30:
         (ax2 or ax).set_xticks(all_seeds)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    # the legends in room of their own above the points and bars (measured once laid out)
+    _legend_clear_of_data(ax, min(top), max(top))
+    if ax2 is not None:
+        _legend_clear_of_data(ax2, min(bottom), max(bottom))
+    return fig
 
 
 def write_seed_report(
@@ -479,7 +619,8 @@ def write_seed_report(
     name = scenario.get("name")
     for speedup in sorted({float(a["speedup"]) for a in aggregate}):
         p = out / f"seeds_x{speedup:g}.png"
-        _seed_plot(runs, aggregate, speedup, p, f"{name}, speedup {speedup:g}: mean TTFT by seed")
+        title = f"{name}, speedup {speedup:g}: mean TTFT by seed"
+        seed_figure(runs, aggregate, speedup, title).savefig(p)
         written.append(p)
     seeds = sorted({int(r["seed"]) for r in runs})
     md = [
@@ -503,6 +644,7 @@ def write_seed_report(
     p = out / "seeds.md"
     p.write_text("\n".join(md))
     written.append(p)
+    _remove_stale(out, _SEED_REPORT_FILES, written)
     return written
 
 

@@ -89,6 +89,7 @@ from catsproto.adapters.http import (
 )
 from catsproto.adapters.instance import mooncake_block_keys
 from catsproto.adapters.stop import StopSignal
+from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.selector import (
@@ -515,8 +516,8 @@ class SteeringService:
             ids = body["hash_ids"]
             if isinstance(ids, list) and len(ids) > limit:
                 raise SteeringError(f"hash_ids: {len(ids)} ids, over the limit of {limit} blocks")
-            if not isinstance(ids, list) or not all(_is_uint(i, (1 << 63) - 1) for i in ids):
-                raise SteeringError("hash_ids must be a list of non-negative integers")
+            if not isinstance(ids, list) or not all(_is_uint(i, (1 << 64) - 1) for i in ids):
+                raise SteeringError("hash_ids must be a list of integers 0..2^64-1")
             keys = mooncake_block_keys(self.keyer, ids)
             length = body.get("input_length")
         else:
@@ -871,7 +872,7 @@ def _handler(
             return
 
         def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-            body = json.dumps(obj).encode()
+            body = json_body(obj)  # strict JSON: a non-finite figure is null
             self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)

@@ -19,29 +19,57 @@ from catsproto.sim.trace import TraceRequest
 __all__ = [
     "MOONCAKE",
     "SCENARIO_DIR",
+    "SEARCH_ORDER",
     "TraceFormatError",
     "find_trace",
     "load_scenario",
     "parse_trace_line",
     "read_trace",
+    "trace_folders",
 ]
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "sim" / "scenarios"
 MOONCAKE = "mooncake-conversation.jsonl"
 _REPO = Path(__file__).resolve().parents[2]
+# the team's shared data folder, for a checkout (or an installed copy) kept elsewhere
+SHARED_TRACES = Path("/work/shared/traces")
 
 
-def find_trace(name: str = MOONCAKE) -> Path:
-    """Where a trace lives: $CATSPROTO_TRACES, then the repository's data/traces, then
-    ../shared/traces beside the checkout, then /work/shared/traces. Raises
-    TraceFormatError naming every place tried."""
-    places = [
-        *([Path(os.environ["CATSPROTO_TRACES"])] if os.environ.get("CATSPROTO_TRACES") else []),
+SEARCH_ORDER = (
+    "$CATSPROTO_TRACES, then the checkout's data/traces, then ../shared/traces beside the "
+    f"checkout, then ../shared/traces beside the working directory, then {SHARED_TRACES}"
+)
+
+
+def trace_folders() -> list[Path]:
+    """The folders `find_trace` looks in, in its order (SEARCH_ORDER), each once.
+    Raises TraceFormatError when $CATSPROTO_TRACES is set but names no folder."""
+    places = []
+    env = os.environ.get("CATSPROTO_TRACES")
+    if env:
+        if not Path(env).is_dir():
+            raise TraceFormatError(f"CATSPROTO_TRACES is {env!r}, which is not a folder")
+        places.append(Path(env))
+    places += [
         _REPO / "data" / "traces",
         _REPO.parent / "shared" / "traces",
         Path.cwd().parent / "shared" / "traces",
-        Path("/work/shared/traces"),
+        SHARED_TRACES,
     ]
+    unique: list[Path] = []
+    seen: set[Path] = set()
+    for folder in places:
+        real = folder.resolve()
+        if real not in seen:
+            seen.add(real)
+            unique.append(folder)
+    return unique
+
+
+def find_trace(name: str = MOONCAKE) -> Path:
+    """Where a trace lives: the first of `trace_folders()` that holds it. Raises
+    TraceFormatError naming every place tried (each once)."""
+    places = trace_folders()
     for folder in places:
         if (folder / name).is_file():
             return folder / name
@@ -70,10 +98,13 @@ def parse_trace_line(line: str, lineno: int = 0) -> TraceRequest:
     >= 0; input_length, output_length (default 0) integers >= 0; hash_ids a list of
     integers 0..2^64-1)."""
     where = f"trace line {lineno}"
+    text = line.rstrip("\r\n")  # else an error at the end is "line 2, column 1"
     try:
-        obj = json.loads(line)
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{where}: not JSON: {exc.msg} at column {exc.colno}") from None
+        column = exc.pos + 1  # one line: the position in it, counted from 1
+        end = " (the end of the line: cut short?)" if exc.pos >= len(text.rstrip()) else ""
+        raise TraceFormatError(f"{where}: not JSON: {exc.msg} at column {column}{end}") from None
     if not isinstance(obj, dict):
         raise TraceFormatError(f"{where}: must be a JSON object, not {type(obj).__name__}")
     for field in ("timestamp", "input_length", "hash_ids"):

@@ -130,6 +130,11 @@ class ChannelError(TransferError):
     """The connection failed under the protocol (TLS alert or bad record, reset)."""
 
 
+class ConnectError(ChannelError):
+    """The puller could not connect to the holder (refused, unreachable): nothing was
+    sent, so nothing of the transfer was lost."""
+
+
 # ---- certificates ----------------------------------------------------------------------
 
 
@@ -258,7 +263,19 @@ def send_offer(sock: socket.socket, certificate: bytes) -> None:
     sock.sendall(OFFER_MAGIC + _OFFER_LEN.pack(len(certificate)) + certificate)
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: Deadline | None = None) -> bytes:
+HOLDER_CLOSED_DURING_OFFER = (
+    "the holder closed the connection during the offer: it may not trust this node's key"
+)
+"""What a puller reports when the holder closes before a byte of its offer: a holder
+that refuses the puller's key closes without a word (the protocol has no refusal before
+the peer is authenticated), so that is the likely cause."""
+
+
+def _recv_exact(
+    sock: socket.socket, n: int, deadline: Deadline | None = None, closed_at_start: str = ""
+) -> bytes:
+    """`n` bytes of an offer; `closed_at_start`, if given, is the error detail when the
+    peer closes before sending any."""
     buf = bytearray()
     while len(buf) < n:
         if deadline is not None:
@@ -270,13 +287,17 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Deadline | None = None) -
                 raise deadline.expired(f"offer ({len(buf)}/{n} bytes)") from None
             raise
         if not part:
+            if not buf and closed_at_start:
+                raise PeerAuthError("handshake", closed_at_start)
             raise PeerAuthError("handshake", f"connection closed during the offer ({len(buf)}/{n})")
         buf += part
     return bytes(buf)
 
 
-def read_offer(sock: socket.socket, deadline: Deadline | None = None) -> bytes:
-    head = _recv_exact(sock, len(OFFER_MAGIC) + _OFFER_LEN.size, deadline)
+def read_offer(
+    sock: socket.socket, deadline: Deadline | None = None, closed_at_start: str = ""
+) -> bytes:
+    head = _recv_exact(sock, len(OFFER_MAGIC) + _OFFER_LEN.size, deadline, closed_at_start)
     if head[: len(OFFER_MAGIC)] != OFFER_MAGIC:
         raise PeerAuthError("handshake", "not a catsproto transfer offer")
     (n,) = _OFFER_LEN.unpack_from(head, len(OFFER_MAGIC))
@@ -318,7 +339,7 @@ def secure(
         if deadline is not None:
             deadline.arm(sock, "our offer")
         send_offer(sock, identity.certificate)
-        offered = read_offer(sock, deadline)
+        offered = read_offer(sock, deadline, HOLDER_CLOSED_DURING_OFFER)
         policy.check(offered)
     ctx = tls_context(identity, offered, server_side=server_side)
     if deadline is not None:
@@ -776,6 +797,14 @@ def pull(
             if deadline.passed():
                 raise deadline.expired(f"connect to {address[0]}:{address[1]}") from None
             raise
+        except ConnectionRefusedError:
+            raise ConnectError(
+                f"connection refused by {address[0]}:{address[1]} (no holder listens there)"
+            ) from None
+        except OSError as exc:
+            raise ConnectError(
+                f"cannot connect to {address[0]}:{address[1]}: {exc.strerror or exc}"
+            ) from None
         raw.settimeout(timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw

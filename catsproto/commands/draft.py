@@ -59,8 +59,10 @@ def cmd_vectors(args: argparse.Namespace) -> int:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             print(f"{path} is out of date: run `catsproto draft vectors`", file=sys.stderr)
             return 1
+        print("drafts/vectors.md matches tests/vectors/*.json")
         return 0
     path.write_text(text, encoding="utf-8")
+    print("wrote drafts/vectors.md")
     return 0
 
 
@@ -107,8 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "vectors",
         help="write drafts/vectors.md from tests/vectors/*.json",
         description="Regenerate the draft's test-vector appendix, drafts/vectors.md, from "
-        "tests/vectors/wire.json, keys.json and security.json; with --check write nothing "
-        "and exit 1 if it is out of date.",
+        "tests/vectors/wire.json, keys.json and security.json, and print the file written; "
+        "with --check write nothing, print a line if it is up to date and exit 1 if not.",
     )
     v.add_argument("--check", action="store_true", help="fail if the file is out of date")
     v.set_defaults(func=cmd_vectors)

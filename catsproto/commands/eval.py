@@ -9,8 +9,11 @@ vLLM event stream, stale and false-positive hits. A progress bar goes to stderr.
 --report DIR it also writes results.json, summary.md, a TTFT CDF per speedup
 (ttft_cdf_x{speedup}.png) and the catsproto sweeps (hit rate and advertisement bytes
 against update interval and target FPR, on the first --sweep-limit requests;
-sweep_update_interval_ms.png, sweep_target_fpr.png). The main table of
-docs/evaluation.md and docs/eval:
+sweep_update_interval_ms.png, sweep_target_fpr.png). Files of those names already in
+DIR that this run does not write again (a plot of another speedup, the sweeps of an
+earlier run) are removed once the new report is written; nothing else in DIR is
+touched. Rates (adv B/s) are over the trace's span after the speedup and read n/a when
+that is under 10 s. The main table of docs/evaluation.md and docs/eval:
 
     catsproto eval --report docs/eval --sweep-limit 2000
 
@@ -21,7 +24,9 @@ mean of the per-seed mean TTFT with its standard deviation, min and max, the mea
 rate and (for each other policy, when the oracle ran) the mean per-seed paired
 difference to the oracle, its standard error and the seeds at or below it. With
 --report DIR: seeds.json (every per-seed row and the aggregate), seeds.md and a plot
-per speedup, seeds_x{speedup}.png. The twenty-seed study of docs/evaluation.md:
+per speedup, seeds_x{speedup}.png (an earlier seed study's files of those names that
+are not written again are removed, as above). The twenty-seed study of
+docs/evaluation.md:
 
     catsproto eval --policies catsproto oracle --speedup 1 4 --seeds 1-20 --jobs 2 \\
         --report docs/eval/seeds
@@ -59,6 +64,7 @@ from catsproto.adapters.report import (
 )
 from catsproto.adapters.trace import (
     MOONCAKE,
+    SEARCH_ORDER,
     TraceFormatError,
     find_trace,
     load_scenario,
@@ -115,9 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         metavar="FILE",
         help=f"JSONL trace (Mooncake fields: timestamp, input_length, output_length, hash_ids); "
-        f"default: {MOONCAKE} looked for in $CATSPROTO_TRACES, then the checkout's "
-        "data/traces, then ../shared/traces beside the checkout, then ../shared/traces "
-        "beside the working directory, then /work/shared/traces",
+        f"default: {MOONCAKE} looked for in {SEARCH_ORDER}",
     )
     p.add_argument(
         "--scenario",
@@ -137,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         type=float,
         default=[1.0, 4.0],
-        help="trace time divided by each of these (one run per speedup; > 0)",
+        help="trace time divided by each of these (one run per speedup; > 0); it replaces "
+        "a scenario file's speedup, and --set speedup=... is refused",
     )
     p.add_argument(
         "--report",
@@ -157,7 +162,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and in docs/evaluation.md; seed=N is the scenario's seed (filters, signing keys, "
         "selectors), not --seed",
     )
-    p.add_argument("--limit", type=int, metavar="N", help="use only the first N requests")
+    p.add_argument("--limit", type=int, metavar="N", help="use only the first N requests (N >= 1)")
     p.add_argument(
         "--seed",
         type=int,
@@ -236,6 +241,15 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     if seeds is not None and any(o.partition("=")[0].strip() == "seed" for o in args.overrides):
         raise UsageError("--seeds sets the scenario seed of every run: leave out --set seed=...")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: the number of requests must be at least 1")
+    if args.sweep_limit < 0:
+        raise UsageError(f"--sweep-limit {args.sweep_limit}: must be >= 0 (0: no sweeps)")
+    for item in args.overrides:
+        if item.partition("=")[0].strip() == "speedup":
+            raise UsageError(
+                f"--set {item}: the speedup is set by --speedup (one run per value), not by --set"
+            )
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if args.jobs > 1 and seeds is None:

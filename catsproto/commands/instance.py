@@ -100,7 +100,11 @@ def _builder_config(args: argparse.Namespace, tiers: list[TierSpec]) -> BuilderC
             max_message_bytes=args.max_message,
             shard_range=args.shard_range,
             dampening=DampeningPolicy(
-                args.min_interval_ms, args.max_interval_ms, args.change_threshold
+                args.min_interval_ms,
+                args.max_interval_ms,
+                args.change_threshold,
+                score_threshold=args.score_threshold,
+                wait_threshold_ms=args.wait_threshold_ms,
             ),
         )
         builder = AdvertisementBuilder(config, TieredCache(tiers), 1)
@@ -118,7 +122,10 @@ def _builder_config(args: argparse.Namespace, tiers: list[TierSpec]) -> BuilderC
 def _writer(path: str | None) -> tuple[Any, TextIO | None]:
     if path is None:
         return None, None
-    out: TextIO = sys.stdout if path == "-" else Path(path).open("a", encoding="utf-8")  # noqa: SIM115
+    try:
+        out: TextIO = sys.stdout if path == "-" else Path(path).open("a", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise UsageError(f"--adverts-out {path}: cannot open: {exc.strerror or exc}") from None
     lock = threading.Lock()
 
     def on_routes(routes: list[RouteAdvertisement]) -> None:
@@ -160,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"{name} {value} is not a positive number")
     config = _builder_config(args, tiers) if not args.no_node else None
     secret = _secret(args) if not args.no_node else b""
+    on_routes, sink = _writer(args.adverts_out) if config is not None else (None, None)
     try:
         engine = ModelledEngine(
             EngineConfig(
@@ -172,15 +180,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
         )
     except (zmq.ZMQError, ValueError) as exc:
+        if sink is not None:
+            sink.close()
         raise UsageError(
             f"cannot publish KV events on --pub-endpoint {args.pub_endpoint!r} "
             f"/ --replay-endpoint {args.replay_endpoint!r}: {exc}"
         ) from None
     node = None
-    sink = None
     try:
         if config is not None:
-            on_routes, sink = _writer(args.adverts_out)
             mooncake = args.keys == "mooncake"
             node = NodeAgent(
                 config,
@@ -193,12 +201,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_routes=on_routes,
                 hits=engine.hits,
             ).start()
-        server = InstanceServer(engine, node, args.host, port).start()
-    except (OSError, ValueError) as exc:
+        try:
+            server = InstanceServer(engine, node, args.host, port).start()
+        except OSError as exc:
+            raise UsageError(
+                f"--host {args.host} --port {port}: cannot listen: {exc.strerror or exc}"
+            ) from None
+    except (OSError, ValueError, UsageError) as exc:
         if node is not None:
             node.close()
         engine.close()
-        raise UsageError(str(exc)) from None
+        if sink is not None:
+            sink.close()
+        raise (exc if isinstance(exc, UsageError) else UsageError(str(exc))) from None
     stop = _stop_on_signal()
     print(
         json.dumps(
@@ -283,7 +298,12 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
         "(default: one route, on the CSCI-ID address)",
     )
     g.add_argument(
-        "--max-message", type=int, default=4096, help="BGP message size: 4096, or 65535 (RFC 8654)"
+        "--max-message",
+        type=int,
+        default=4096,
+        help="largest BGP message in bytes, 1..65535, that each advertisement's UPDATE must fit "
+        "(the first is built at start to check): 4096 is BGP's limit, up to 65535 needs "
+        "extended messages (RFC 8654) on the sessions",
     )
     g.add_argument(
         "--target-fpr",
@@ -308,6 +328,20 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
         type=float,
         default=0.05,
         help="dampening: advertise early when this fraction of the advertised block keys changed",
+    )
+    g.add_argument(
+        "--score-threshold",
+        type=int,
+        default=1,
+        help="dampening: advertise early when an L1/L2 score moved by this many points "
+        "(1..10; 11: score moves alone never trigger an update)",
+    )
+    g.add_argument(
+        "--wait-threshold-ms",
+        type=float,
+        default=100.0,
+        help="dampening: advertise early when the queue wait is this many ms off what "
+        "receivers predict from the last advertisement (inf: never)",
     )
     g.add_argument("--adverts-out", help="append advertisements as JSON lines (- for stdout)")
     g = p.add_argument_group("model")

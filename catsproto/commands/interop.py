@@ -28,7 +28,11 @@ def _load(module: str) -> ModuleType:
 
 
 def cmd_interop(args: argparse.Namespace) -> int:
-    return int(_load("matrix").run_from_args(args))
+    matrix = _load("matrix")
+    try:
+        return int(matrix.run_from_args(args))
+    except matrix.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

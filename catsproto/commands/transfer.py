@@ -129,13 +129,16 @@ def _synthetic(text: str, parts: int) -> list[int]:
     return values
 
 
-def _json_file(path: str) -> Any:
+def _json_file(option: str, path: str) -> Any:
+    """The JSON of the file an option names; an error names the option and the path once."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise UsageError(f"cannot read {path}: not UTF-8 text") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
+        raise UsageError(f"{option} {path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{option} {path}: not JSON: {exc}") from None
 
 
 def _credentials(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -147,8 +150,8 @@ def _credentials(args: argparse.Namespace) -> tuple[Any, Any]:
     if not args.key or not args.trust:
         raise UsageError("--key and --trust are required (or --plaintext for a baseline)")
     try:
-        key = SigningKey.from_json(_json_file(args.key))
-        trust = TrustStore.from_json(_json_file(args.trust))
+        key = SigningKey.from_json(_json_file("--key", args.key))
+        trust = TrustStore.from_json(_json_file("--trust", args.trust))
     except (KeyFormatError, TrustFileError) as exc:
         raise UsageError(str(exc)) from None
     expected = None
@@ -174,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         if identity is not None:
             identity.close()
-        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        raise UsageError(f"--listen {args.listen}: cannot listen: {exc.strerror or exc}") from None
     stop = StopSignal()
     print(json.dumps({"listening": f"{server.address[0]}:{server.address[1]}"}), flush=True)
     try:

@@ -47,6 +47,8 @@ class DampeningPolicy:
             raise ValueError("max_interval_ms must be > 0")
         if self.change_threshold < 0 or self.min_changed_keys < 1 or self.score_threshold < 1:
             raise ValueError("thresholds must be non-negative (counts >= 1)")
+        if not self.wait_threshold_ms > 0:  # NaN too
+            raise ValueError(f"wait_threshold_ms ({self.wait_threshold_ms}) must be > 0")
 
 
 class Reason(enum.Enum):

@@ -27,7 +27,29 @@ PRIVATE_KEY_FORMAT = "catsproto-ed25519-private/1"
 
 
 class KeyFormatError(ValueError):
-    """A key or key file that cannot be used (wrong length, wrong format)."""
+    """A key or key file that cannot be used (wrong length, wrong format, small order)."""
+
+
+_P = 2**255 - 19
+# the y coordinates of the eight points whose order divides 8 (each y has at most two
+# points, both of small order): 1 (the identity), p - 1 (order 2), 0 (order 4) and the
+# two of order 8. Any signature can be made to verify under such a key.
+_SMALL_ORDER_Y = frozenset(
+    {
+        0,
+        1,
+        _P - 1,
+        0x05FC536D880238B13933C6D305ACDFD5F098EFF289F4C345B027B2C28F95E826,
+        0x7A03AC9277FDC74EC6CC392CFA53202A0F67100D760B3CBA4FD84D3D706A17C7,
+    }
+)
+
+
+def has_small_order(raw: bytes) -> bool:
+    """True if the 32 octets encode a point of small order, in any encoding: the sign
+    bit is ignored and y is read modulo p, as verification decodes it."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    return y % _P in _SMALL_ORDER_Y
 
 
 def key_id(public_key: bytes, algorithm: SignatureAlgorithm = SignatureAlgorithm.ED25519) -> bytes:
@@ -48,6 +70,10 @@ class PublicKey:
     def from_bytes(cls, raw: bytes) -> PublicKey:
         if len(raw) != ED25519_PUBLIC_KEY_LEN:
             raise KeyFormatError(f"Ed25519 public key is {len(raw)} bytes, not 32")
+        if has_small_order(raw):
+            raise KeyFormatError(
+                "Ed25519 public key of small order: signatures nobody made verify under it"
+            )
         try:
             parsed = Ed25519PublicKey.from_public_bytes(raw)
         except ValueError as exc:

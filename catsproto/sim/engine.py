@@ -26,9 +26,14 @@ from catsproto.sim.policies import CatsprotoPolicy, Choice, Handoff, Policy, mak
 from catsproto.sim.scenario import Scenario
 from catsproto.sim.trace import PreparedTrace
 
-__all__ = ["RunResult", "run_policy"]
+__all__ = ["RATE_MIN_SPAN_S", "RunResult", "run_policy"]
 
 Progress = Callable[[int], None]
+
+# A per-second rate needs this much trace time (first to last arrival, after the
+# speedup): over a few seconds it is mostly every instance's first, full advertisement
+# divided by almost nothing (one request: its bytes over 0 s). Below it, rates are None.
+RATE_MIN_SPAN_S = 10.0
 
 
 @dataclass
@@ -48,7 +53,7 @@ class RunResult:
     blocks: np.ndarray
     instance: np.ndarray
     pulled_blocks: np.ndarray
-    duration_s: float
+    duration_s: float  # the trace's span: first to last arrival, after the speedup
     claimed_blocks: np.ndarray | None = None  # catsproto: the chosen estimate's prefix
     stale_hits: int = 0  # requests whose claimed prefix was evicted since advertised
     stale_blocks: int = 0
@@ -58,6 +63,10 @@ class RunResult:
     fallbacks: int = 0
     control: dict[str, object] = field(default_factory=dict)
     engine_events: dict[str, int] = field(default_factory=dict)
+
+    def per_second(self, amount: float) -> float | None:
+        """`amount` over the run's span; None when the span is under RATE_MIN_SPAN_S."""
+        return amount / self.duration_s if self.duration_s >= RATE_MIN_SPAN_S else None
 
     @property
     def hit_rate(self) -> float:
@@ -86,7 +95,7 @@ class RunResult:
             adv_bytes = int(self.control.get("bytes", 0))  # type: ignore[call-overload]
             out.update(
                 adv_bytes=adv_bytes,
-                adv_bytes_per_s=adv_bytes / self.duration_s if self.duration_s else 0.0,
+                adv_bytes_per_s=self.per_second(adv_bytes),
                 advertisements=self.control.get("advertisements", 0),
                 # what crosses a site border (aggregated policies: the site routes only)
                 adv_beyond_site_bytes=self.control.get("beyond_site_bytes", adv_bytes),
@@ -187,7 +196,7 @@ def run_policy(
         blocks=blocks,
         instance=inst,
         pulled_blocks=pulled,
-        duration_s=max(span, 1e-3),
+        duration_s=span,
         engine_events={
             "batches": cluster.batches,
             "events": cluster.events,

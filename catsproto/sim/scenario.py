@@ -131,7 +131,7 @@ class Scenario:
                 prefill_tps=float(d["prefill_tps"]),
                 bytes_per_block=bytes_per_block,
                 link_bandwidth_mbps=float(d.get("link_bandwidth_mbps", 100_000)),
-                remote_kv=bool(d.get("remote_kv", False)),
+                remote_kv=_flag(d, "remote_kv", False),
                 ingress_index=int(d.get("ingress_index", 1)),
                 speedup=float(d.get("speedup", 1.0)),
                 update_interval_ms=int(d.get("update_interval_ms", 1000)),
@@ -139,12 +139,12 @@ class Scenario:
                 change_threshold=float(d.get("change_threshold", 0.05)),
                 score_threshold=int(d.get("score_threshold", 1)),
                 wait_threshold_ms=float(d.get("wait_threshold_ms", 100.0)),
-                main_on_summary_change=bool(d.get("main_on_summary_change", True)),
+                main_on_summary_change=_flag(d, "main_on_summary_change", True),
                 per_hop_ms=float(d.get("per_hop_ms", 1.0)),
-                propagation=bool(d.get("propagation", True)),
-                sharded=bool(d.get("sharded", True)),
+                propagation=_flag(d, "propagation", True),
+                sharded=_flag(d, "sharded", True),
                 selector_site=_optional_site(d.get("selector_site"), sites),
-                decision_rtt=bool(d.get("decision_rtt", True)),
+                decision_rtt=_flag(d, "decision_rtt", True),
                 target_fpr=float(d.get("target_fpr", 0.01)),
                 summary_kind=_summary_kind(kind),
                 snapshot_every=int(d.get("snapshot_every", 8)),
@@ -152,14 +152,14 @@ class Scenario:
                 hot_prefixes=int(d.get("hot_prefixes", 0)),
                 request_bytes_per_token=float(d.get("request_bytes_per_token", 0.0)),
                 selector_spread_ms=float(d.get("selector_spread_ms", 0.0)),
-                selector_peers=bool(d.get("selector_peers", False)),
-                site_dispatch=bool(d.get("site_dispatch", False)),
+                selector_peers=_flag(d, "selector_peers", False),
+                site_dispatch=_flag(d, "site_dispatch", False),
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
-                site_bounce=bool(d.get("site_bounce", False)),
+                site_bounce=_flag(d, "site_bounce", False),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
-                overflow_signal=bool(d.get("overflow_signal", False)),
+                overflow_signal=_flag(d, "overflow_signal", False),
                 arrival_spread=_spread(d.get("arrival_spread", False)),
-                physical_arrival=bool(d.get("physical_arrival", False)),
+                physical_arrival=_flag(d, "physical_arrival", False),
                 seed=_seed(d.get("seed", 1)),
                 secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
                 model_id=model_id,
@@ -280,6 +280,15 @@ def _require_mapping(raw: object) -> None:
         )
 
 
+def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean key: true or false (a TOML or JSON boolean) and nothing else, so that
+    ``--set sharded=False`` (a string) or ``=0`` is refused instead of read as true."""
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
 def _seed(value: Any) -> int:
     """The scenario seed: it seeds the summary filters as their u64 seed field (and,
     through a hash, the signing keys and the selectors' tie-breaks), so 0..2^64-1."""
@@ -305,11 +314,16 @@ def _spread(value: Any) -> str:
     """How requests sharing a trace timestamp arrive: "none" (at once; false), "even"
     (evenly until the next timestamp, in trace order; true) or "random" (uniformly at
     random over that time, so in random order too; a fixed seed, the same every run)."""
-    if value in (False, None) or str(value).lower() in ("none", "false"):
+    if value is None or value is False:
         return "none"
-    if value is True or str(value).lower() in ("even", "true"):
+    if value is True:
         return "even"
-    if str(value).lower() == "random":
+    text = value.lower() if isinstance(value, str) else None
+    if text in ("none", "false"):
+        return "none"
+    if text in ("even", "true"):
+        return "even"
+    if text == "random":
         return "random"
     raise ScenarioError(f"arrival_spread {value!r} is not false, true, even or random")
 

@@ -28,6 +28,9 @@ FLAG_OPTIONAL = 0x80
 FLAG_TRANSITIVE = 0x40
 FLAG_PARTIAL = 0x20
 FLAG_EXTENDED_LENGTH = 0x10
+BARE_VALUE_START = b"\x00\x01"
+"""How every attribute value starts (the Version TLV's type, first since types increase);
+as a whole attribute it would be flags 0x00, which no valid attribute has."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,13 +73,20 @@ def read_attribute(r: Reader) -> PathAttribute:
 
 def decode_attribute(data: bytes, type_code: int = DEFAULT_ATTRIBUTE_TYPE) -> PathAttribute:
     """Parse exactly one whole attribute of `type_code`; the value is not decoded here."""
+    wanted = FLAG_OPTIONAL | FLAG_TRANSITIVE
+    if bytes(data[:2]) == BARE_VALUE_START:
+        raise BadValueError(
+            f"attribute flags 0x00 lack optional+transitive ({wanted:#04x}): the input starts "
+            "00 01, the Version TLV's type, so it looks like an attribute value without its "
+            "flags, type and length",
+            0,
+        )
     r = Reader(bytes(data))
     attr = read_attribute(r)
     if r.remaining:
         raise BadValueError(f"{r.remaining} bytes follow the attribute", r.offset)
     if attr.type_code != type_code:
         raise BadValueError(f"attribute type {attr.type_code}, expected {type_code}", 1)
-    wanted = FLAG_OPTIONAL | FLAG_TRANSITIVE
     if attr.flags & wanted != wanted:
         raise BadValueError(
             f"attribute flags {attr.flags:#04x} lack optional+transitive ({wanted:#04x})", 0

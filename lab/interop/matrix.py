@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import ipaddress
@@ -51,12 +50,20 @@ from catsproto import wire
 from catsproto.adapters import netns
 from catsproto.adapters.exabgp_announce import OversizeError, Spool, check_size
 from catsproto.adapters.exabgp_receive import Announced, Session, Withdrawn, parse_message
+from catsproto.adapters.output_files import OutputFileError, check_markers, check_writable
 from catsproto.adapters.pcap import bgp_messages, segments
 from catsproto.lab import runner
 from catsproto.lab.topology import Endpoint, Link, Node, Topology
 from catsproto.wire.bgp import parse_update
 from lab.interop import gobgp
-from lab.interop.options import LIMIT_SIZES, SIZES, TRANSITS, add_arguments
+from lab.interop.options import (
+    LIMIT_SIZES,
+    MAX_SIZES,
+    MAX_VALUE,
+    SIZES,
+    TRANSITS,
+    add_arguments,
+)
 
 TYPE_CODE = wire.DEFAULT_ATTRIBUTE_TYPE
 SPEAKER_AS, TRANSIT_AS, RECEIVER_AS = 65001, 65010, 65002
@@ -104,7 +111,25 @@ def payload_value(size: int, index: int) -> bytes:
     return value
 
 
+class ArgumentError(ValueError):
+    """Arguments the matrix cannot run with; the message names the option."""
+
+
+def check_sizes(sizes: Sequence[int]) -> None:
+    """Every size fits an attribute value and each has its own /32 (`payloads`)."""
+    bad = [s for s in sizes if not 0 <= s <= MAX_VALUE]
+    if bad:
+        raise ArgumentError(
+            f"--sizes: {bad[0]} is outside 0..{MAX_VALUE} (an attribute value's largest length)"
+        )
+    if len(sizes) > MAX_SIZES:
+        raise ArgumentError(
+            f"--sizes: {len(sizes)} sizes (counting any --limits probes), more than {MAX_SIZES}"
+        )
+
+
 def payloads(sizes: Sequence[int]) -> list[Payload]:
+    check_sizes(sizes)
     return [
         Payload(size, ipaddress.IPv4Network(f"10.255.0.{i + 1}/32"), payload_value(size, i))
         for i, size in enumerate(sizes)
@@ -242,13 +267,10 @@ def run_lab(
     """Bring one lab up, announce every size at once, record the cells, tear down."""
     start = time.monotonic()
     tag = tag or f"x{os.getpid()}{transit[0]}{'e' if extended else 'n'}"
-    run_dir = Path(tempfile.mkdtemp(prefix=f"catsproto-interop-{tag}-"))
-    topo = lab_topology(transit, extended)
-    lab = runner.Lab(topo, netns.NetnsLab(run_dir, tag, topo.name))
     max_message = 65535 if extended else 4096
     cells: dict[str, Cell] = {}
     published: dict[str, bytes] = {}
-    for p in payloads(sizes):
+    for p in payloads(sizes):  # before the run folder: bad sizes leave nothing behind
         cell = Cell(transit, extended, p.size, str(p.prefix))
         try:
             check_size(p.prefix, p.value, max_message)
@@ -256,7 +278,14 @@ def run_lab(
         except OversizeError as exc:
             cell.sendable, cell.note = False, f"not sendable: {exc}"
         cells[cell.prefix] = cell
+    topo = lab_topology(transit, extended)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"catsproto-interop-{tag}-"))
     hop1, hop2 = run_dir / "hop1.pcap", run_dir / "hop2.pcap"
+    try:
+        lab = runner.Lab(topo, netns.NetnsLab(run_dir, tag, topo.name))
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         for name in topo.nodes:
             lab.handle.add_node(name)
@@ -455,6 +484,7 @@ def run_matrix(
     keep: bool = False,
 ) -> list[LabRun]:
     """Every (transit, extended) lab, `jobs` at a time in worker processes."""
+    check_sizes(sizes)
     work = [(t, e, tuple(sizes), settle, timeout, keep) for t in transits for e in extended]
     if jobs <= 1:
         return [_run_one(w) for w in work]
@@ -588,26 +618,53 @@ BEGIN, END = "<!-- interop-matrix:begin -->", "<!-- interop-matrix:end -->"
 
 
 def update_doc(path: Path, table: str) -> None:
-    """Replace the text between the matrix markers in `path` with `table`."""
-    text = path.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    path.write_text(text[:start] + "\n" + table + text[end:])
+    """Replace the text between the matrix markers in `path` with `table`; a file without
+    them raises `OutputFileError` and is left as it was."""
+    check_markers("--update-doc", path, BEGIN, END)
+    text = path.read_text(encoding="utf-8")
+    start = text.index(BEGIN) + len(BEGIN)
+    end = text.index(END, start)
+    path.write_text(text[:start] + "\n" + table + text[end:], encoding="utf-8")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output options that could not be written, before any lab runs."""
+    try:
+        if args.json and args.json != "-":
+            check_writable("--json", args.json)
+        if args.markdown:
+            check_writable("--markdown", args.markdown)
+        if args.update_doc:
+            check_markers("--update-doc", args.update_doc, BEGIN, END)
+    except OutputFileError as exc:
+        raise ArgumentError(str(exc)) from None
+
+
+def _write(option: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ArgumentError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 # ---- command line ------------------------------------------------------------------
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    if os.geteuid() != 0:
-        print("the interop matrix needs root (network namespaces, FRR)", file=sys.stderr)
-        return 2
-    start = time.monotonic()
+    """Run the matrix as the command line asked. Raises `ArgumentError` (before any lab
+    runs, except for a write that fails at the end) for arguments it cannot use."""
     ext = {"on": (True,), "off": (False,), "both": (True, False)}[args.extended]
     sizes = (
         [*args.sizes, *(s for s in LIMIT_SIZES if s not in args.sizes)]
         if args.limits
         else args.sizes
     )
+    check_sizes(sizes)
+    check_outputs(args)
+    if os.geteuid() != 0:
+        print("the interop matrix needs root (network namespaces, FRR)", file=sys.stderr)
+        return 2
+    start = time.monotonic()
     runs = run_matrix(
         args.transit or TRANSITS, ext, sizes,
         jobs=args.jobs, settle=args.settle, keep=args.keep,
@@ -621,12 +678,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(table)
         print(f"{len(runs)} lab(s) in {seconds:.1f} s")
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+            _write("--json", args.json, json.dumps(result, indent=1) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(table)
+        _write("--markdown", args.markdown, table)
     if args.update_doc:
-        with contextlib.suppress(ValueError):
+        try:
             update_doc(Path(args.update_doc), table)
+        except OutputFileError as exc:  # the file changed during the run
+            raise ArgumentError(str(exc)) from None
     return 0
 
 
@@ -636,7 +695,11 @@ def main(argv: list[str] | None = None) -> int:
         description="ExaBGP -> FRR/BIRD/GoBGP -> ExaBGP: our attribute across transits",
     )
     add_arguments(p)
-    return run_from_args(p.parse_args(argv))
+    try:
+        return run_from_args(p.parse_args(argv))
+    except ArgumentError as exc:
+        print(f"{p.prog}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

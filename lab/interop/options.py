@@ -4,12 +4,58 @@ registers them on every start; the matrix itself loads the lab only when it runs
 from __future__ import annotations
 
 import argparse
+import math
 
+MAX_VALUE = 65535
+"""The largest attribute value (an extended-length attribute's 16-bit length)."""
+MAX_SIZES = 254
+"""Payloads per lab: each rides its own /32, 10.255.0.1 to 10.255.0.254."""
 SIZES: tuple[int, ...] = (0, 255, 256, 4044, 60_000)
 TRANSITS: tuple[str, ...] = ("frr", "bird", "gobgp")
 LIMIT_SIZES: tuple[int, ...] = (3040, 3041, 4039, 4040, 4041, 64479, 64480, 65478, 65479)
 """Either side of each transit's largest value as measured (docs/interop.md), probed in
 the same labs with `--limits`."""
+
+
+def size_list(text: str) -> list[int]:
+    """`--sizes`: comma-separated byte counts, each 0..MAX_VALUE (argparse `type`, so a
+    bad list is refused while the command line is parsed, before any lab is built)."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a whole number") from None
+        if not 0 <= size <= MAX_VALUE:
+            raise argparse.ArgumentTypeError(
+                f"{size} is outside 0..{MAX_VALUE} (an attribute value's largest length)"
+            )
+        sizes.append(size)
+    if len(sizes) > MAX_SIZES:
+        raise argparse.ArgumentTypeError(f"{len(sizes)} sizes, more than {MAX_SIZES}")
+    return sizes
+
+
+def job_count(text: str) -> int:
+    """`--jobs`: a whole number of labs, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def settle_seconds(text: str) -> float:
+    """`--settle`: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{value} is not a positive, finite number of seconds")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,20 +73,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sizes",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=size_list,
         default=list(SIZES),
-        help="attribute value sizes in bytes, comma-separated "
-        f"(default: {','.join(map(str, SIZES))})",
+        help=f"attribute value sizes in bytes, comma-separated, each 0..{MAX_VALUE}, at most "
+        f"{MAX_SIZES} (default: {','.join(map(str, SIZES))})",
     )
     p.add_argument(
         "--limits",
         action="store_true",
         help=f"also probe the measured limits: {', '.join(map(str, LIMIT_SIZES))}",
     )
-    p.add_argument("--jobs", type=int, default=3, help="labs run side by side (default 3)")
+    p.add_argument("--jobs", type=job_count, default=3, help="labs run side by side (default 3)")
     p.add_argument(
         "--settle",
-        type=float,
+        type=settle_seconds,
         default=2.0,
         help="seconds without a new arrival at the receiving ExaBGP before a lab is judged",
     )
