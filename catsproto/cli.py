@@ -26,6 +26,7 @@ from catsproto.commands import (
 from catsproto.examples import examples
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -205,12 +206,25 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("catsproto")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="catsproto",
         description="KV-cache-aware CATS: cache-state advertisements in a BGP path attribute.\n\n"
         "`catsproto COMMAND --help` explains each command; bad input exits with status 2 "
         "and one line on stderr.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"catsproto {_version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -252,8 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the codec on the example advertisements, then bring up the "
         "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
         "otherwise), watch signed advertisements arrive, ask the path selector where "
-        "each site's cached conversation should go, and tear everything down; then run "
-        "the steering policies on a slice of the Mooncake conversation trace.",
+        "each site's cached conversation should go, and tear everything down (as root "
+        "keeping a capture of the receiver's BGP sessions and printing the `catsproto "
+        "inspect` command that verifies it); then run the steering policies on a slice "
+        "of the Mooncake conversation trace.",
     )
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
@@ -306,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: what the command started is cleaned up on the way
+        print(f"catsproto {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

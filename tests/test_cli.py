@@ -252,3 +252,68 @@ def test_lab_up_tag_names_the_lab_and_status_and_down_find_it(tmp_path):
         down = run("lab", "down", "--root", root, "--tag", "demo1")
     assert down.returncode == 0, down.stderr
     assert not (tmp_path / "demo1").exists()
+
+
+def test_version_prints_the_packages_version():
+    from importlib.metadata import version
+
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.decode() == f"catsproto {version('catsproto')}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["lab", "capture", "e1-c1", "--bogus"], "catsproto lab capture"),
+        (["decode", "--bogus"], "catsproto decode"),
+        (["--bogus", "decode"], "catsproto"),
+    ],
+)
+def test_an_unknown_option_is_reported_by_the_parser_it_was_given_to(argv, prog):
+    """argparse reports words a subcommand does not know from the top-level parser
+    (`catsproto: unrecognized arguments`); ours names the subcommand and its --help."""
+    out = run(*argv)
+    assert out.returncode == 2
+    assert out.stderr.decode() == (
+        f"{prog}: unrecognized arguments: --bogus; see `{prog} --help`\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["lab", "capture", "e1-c1", "--seconds", value] for value in ("-1", "0", "nan", "inf", "ten")]
+    + [["lab", "up", "cats4", "--interval", "-1"], ["lab", "up", "cats4", "--interval", "0"]]
+    + [["lab", "demo", "--seconds", "-5"], ["lab", "demo", "--interval", "nan"]],
+)
+def test_lab_seconds_and_intervals_are_checked_before_anything_starts(argv, capsys):
+    """--seconds and --interval: finite and > 0, refused while parsing (`lab up
+    --interval -1` said up while every instance process died; `--seconds nan` hung)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "must be finite and > 0 seconds" in err or "'ten' is not a number of seconds" in err
+
+
+def test_lab_down_with_nothing_running_says_so_and_exits_0(tmp_path):
+    """Teardown is idempotent: nothing running (or no lab of --tag) is what was asked."""
+    for extra in ([], ["--tag", "nolab"], ["--all"]):
+        out = run("lab", "down", "--root", str(tmp_path), *extra)
+        assert out.returncode == 0, out.stderr
+        assert "nothing to stop" in out.stdout.decode() and out.stderr == b""
+
+
+def test_a_loopback_lab_up_lists_only_the_daemons_it_runs(tmp_path):
+    """On loopback only the ExaBGP speakers and the receiver run; the transit routers of
+    the topology are named as not run, not listed beside them as if they were."""
+    root = str(tmp_path)
+    up = run("lab", "up", "cats4", "--embedded", "--no-feed", "--root", root, "--tag", "lst1")
+    try:
+        assert up.returncode == 0, up.stderr
+        text = up.stdout.decode()
+        listed = re.findall(r"^  (\S+)\s+(exabgp|frr|bird)\s", text, re.MULTILINE)
+        assert listed == [("e1", "exabgp"), ("e2", "exabgp"), ("e3", "exabgp"), ("e4", "exabgp")]
+        assert "not run on loopback (no transit): c1 (frr), c2 (frr), c3 (frr), b4 (bird)" in text
+    finally:
+        assert run("lab", "down", "--root", root, "--tag", "lst1").returncode == 0

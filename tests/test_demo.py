@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +36,27 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
         assert int(ttft) < int(blind_ttft) / 10
     assert "c3(frr) > b4(bird)" in text  # site 4's advertisements crossed BIRD and FRR
     assert "lab down" in text
+    # where the rtt comes from is said before the numbers: on a kernel without netem the
+    # link delays are the topology file's, not applied
+    shaping = re.search(r"^link delays (NOT applied|applied with netem)", text, re.MULTILINE)
+    assert shaping is not None, text[:2000]
+    # the BGP sessions were captured; the command printed verifies every advertisement
+    command = re.search(r"^  (\S*catsproto) inspect (\S+\.pcap) --trust (\S+\.json)$", text, re.M)
+    assert command is not None, text[-3000:]
+    program, pcap, trust = command.groups()
+    try:
+        seen = subprocess.run(  # exactly as printed: a user pastes it
+            [program, "inspect", pcap, "--trust", trust],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert seen.returncode == 0, seen.stdout[-2000:] + seen.stderr[-2000:]
+        found = re.search(r"^(\d+) advertisement\(s\) of attribute type 255: (\d+) verified$",
+                          seen.stdout, re.M)  # fmt: skip
+        assert found is not None and found[1] == found[2] and int(found[1]) >= 8, seen.stdout
+    finally:
+        shutil.rmtree(os.path.dirname(pcap), ignore_errors=True)
     # part 3: the policies on the first 3,000 requests of the trace, at x1 and x4
     table = re.findall(r"^\s*(nearest|compute-aware|catsproto|oracle)\s+([14])\s", text, re.M)
     assert len(table) == 8, text[-3000:]

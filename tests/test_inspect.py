@@ -117,6 +117,29 @@ def test_malformed_attribute_is_listed_with_the_codec_error(tmp_path, capsys):
     assert out[1]["advertisement"] == examples()[0].advertisement.to_json()
 
 
+def test_a_truncated_capture_is_shown_up_to_the_cut_with_our_warning_and_exit_1(tmp_path, capsys):
+    """A pcap cut short (inside a packet record, or after a part of a record header) is
+    read up to the cut; one warning of ours on stderr says so (not scapy's unprefixed
+    WARNING line) and the exit status is 1. The whole file is exit 0 and no warning."""
+    whole = tmp_path / "whole.pcap"
+    _write_pcap(whole, b"".join(MSGS), size=200)
+    data = whole.read_bytes()
+    assert main(["inspect", str(whole)]) == 0
+    assert capsys.readouterr().err == ""
+    inside = tmp_path / "inside.pcap"
+    inside.write_bytes(data[:-5])  # the last packet record loses 5 bytes
+    header = tmp_path / "header.pcap"
+    header.write_bytes(data + data[24:32])  # 8 bytes of a next record header, no more
+    for cut, words in ((inside, "is cut short"), (header, "8 bytes after packet record")):
+        assert main(["inspect", str(cut)]) == 1
+        out, err = capsys.readouterr()
+        assert err.splitlines() == [err.strip()], err  # one line
+        assert err.startswith(f"catsproto inspect: warning: {cut}: truncated: ") and words in err
+        assert "advertisement(s)" in out and "WARNING" not in err
+    assert main(["inspect", str(inside), "--json"]) == 1
+    assert len(json.loads(capsys.readouterr().out)["advertisements"]) >= len(MSGS) - 1
+
+
 def test_a_file_that_is_not_a_capture_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "x.pcap").write_bytes(b"not a capture at all")
     assert main(["inspect", str(tmp_path / "x.pcap")]) == 2
@@ -225,5 +248,33 @@ def test_follow_a_live_interface_in_a_namespace(tmp_path):
             proc.kill()
     seen = [json.loads(x) for x in started["out"]]
     assert {x["prefix"] for x in seen} == set(values)
+    # tcpdump's lines are passed on with one prefix (they used to read "tcpdump: tcpdump:")
+    assert any(line.startswith("tcpdump: listening on ") for line in started["err"])
+    assert not any("tcpdump: tcpdump:" in line for line in started["err"]), started["err"]
     for x in seen:
         assert x["advertisement"] == wire.decode(values[x["prefix"]]).to_json()
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        (["--follow", "nosuchif0"], "cannot capture on nosuchif0: "),
+        (
+            ["--follow", "lo", "--netns", "nosuchns0"],
+            "cannot capture on lo in namespace nosuchns0: ",
+        ),
+    ],
+)
+def test_follow_on_an_interface_or_namespace_that_is_not_there_is_one_line(where, words):
+    """tcpdump (or `ip netns exec`) failing before it listens is a one-line error in its
+    own words, exit 2 (it was scapy's "No data could be read!" traceback)."""
+    require_root()
+    proc = subprocess.run(
+        [sys.executable, "-m", "catsproto", "inspect", *where, "--timeout", "20"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"catsproto inspect: {words}") and proc.stderr.count("\n") == 1
+    assert ("No such" in proc.stderr or "Cannot open" in proc.stderr) and proc.stdout == ""

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import io
 import ipaddress
+import logging
+import os
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -88,36 +91,101 @@ def _hostport(host: str, port: int) -> str:
 # ---- stage 1: segments -----------------------------------------------------------------
 
 
-def segments(source: str | Path | IO[bytes]) -> Iterator[Segment]:
-    """TCP segments of a pcap or pcapng file, or of a pcap byte stream (tcpdump -w -)."""
+class _Truncation(logging.Filter):
+    """Takes scapy's "packet has been truncated" warning off its logger (it would print
+    unprefixed on stderr) and notes which packet record was cut short instead."""
+
+    def __init__(self, notes: list[str], read: list[int]) -> None:
+        super().__init__()
+        self.notes, self.read = notes, read
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "truncated" not in record.getMessage():
+            return True
+        self.notes.append(
+            f"truncated: packet record {self.read[0] + 1} is cut short (the file ends inside "
+            "it); what came before it is shown"
+        )
+        return False
+
+
+def segments(source: str | Path | IO[bytes], notes: list[str] | None = None) -> Iterator[Segment]:
+    """TCP segments of a pcap or pcapng file, or of a pcap byte stream (tcpdump -w -).
+
+    A file that ends inside a packet record (a capture copied while being written, or
+    cut short) is read up to there, and `notes` gets one line saying so."""
+    from scapy.error import log_runtime
     from scapy.layers.inet import IP, TCP
     from scapy.layers.inet6 import IPv6
     from scapy.utils import PcapReader
 
-    reader = PcapReader(str(source) if isinstance(source, str | Path) else source)
+    notes = [] if notes is None else notes
+    read = [0]
+    truncation = _Truncation(notes, read)
+    log_runtime.addFilter(truncation)
     try:
-        for pkt in reader:
-            tcp = pkt.getlayer(TCP)
-            if tcp is None:
-                continue
-            ip = pkt.getlayer(IP) or pkt.getlayer(IPv6)
-            if ip is None:
-                continue
-            payload = bytes(tcp.payload)
-            if isinstance(ip, IP):  # drop Ethernet padding past the IP total length
-                payload = payload[: max(0, ip.len - ip.ihl * 4 - tcp.dataofs * 4)]
-            flags = int(tcp.flags)
-            yield Segment(
-                float(pkt.time),
-                (ip.src, tcp.sport, ip.dst, tcp.dport),
-                tcp.seq,
-                bool(flags & 0x02),
-                bool(flags & 0x01),
-                bool(flags & 0x04),
-                payload,
-            )
+        reader = PcapReader(str(source) if isinstance(source, str | Path) else source)
+        try:
+            end = _position(reader)  # where the last whole record (or the header) ends
+            for pkt in reader:
+                read[0] += 1
+                end = _position(reader)
+                segment = _segment(pkt, IP, TCP, IPv6)
+                if segment is not None:
+                    yield segment
+            left = _size(source) - end if end >= 0 else 0
+            if left > 0 and not notes:  # scapy stops silently at a record header cut short
+                notes.append(
+                    f"truncated: the file ends with {left} bytes after packet record "
+                    f"{read[0]} that are not a whole record; what came before them is shown"
+                )
+        finally:
+            reader.close()
     finally:
-        reader.close()
+        log_runtime.removeFilter(truncation)
+
+
+def _segment(pkt: Any, ip4: Any, tcp_layer: Any, ip6: Any) -> Segment | None:
+    tcp = pkt.getlayer(tcp_layer)
+    if tcp is None:
+        return None
+    ip = pkt.getlayer(ip4) or pkt.getlayer(ip6)
+    if ip is None:
+        return None
+    payload = bytes(tcp.payload)
+    if isinstance(ip, ip4):  # drop Ethernet padding past the IP total length
+        payload = payload[: max(0, ip.len - ip.ihl * 4 - tcp.dataofs * 4)]
+    flags = int(tcp.flags)
+    return Segment(
+        float(pkt.time),
+        (ip.src, tcp.sport, ip.dst, tcp.dport),
+        tcp.seq,
+        bool(flags & 0x02),
+        bool(flags & 0x01),
+        bool(flags & 0x04),
+        payload,
+    )
+
+
+def _position(reader: Any) -> int:
+    """Where a plain pcap file's reader is; -1 for a stream, a compressed file or pcapng
+    (whose blocks after the last packet, statistics, are no truncation)."""
+    from scapy.utils import RawPcapNgReader
+
+    f = getattr(reader, "f", None)
+    if not isinstance(f, io.BufferedReader) or isinstance(reader, RawPcapNgReader):
+        return -1
+    try:
+        return f.tell()
+    except (OSError, ValueError):
+        return -1
+
+
+def _size(source: str | Path | IO[bytes]) -> int:
+    try:
+        return os.path.getsize(source) if isinstance(source, str | Path) else -1
+    except OSError:
+        return -1
 
 
 # ---- stage 2: reassembly and framing ---------------------------------------------------
@@ -142,6 +210,7 @@ class BGPStreams:
     def __init__(self) -> None:
         self._flows: dict[Flow, _Direction] = {}
         self.problems: list[StreamProblem] = []
+        self.capture_notes: list[str] = []  # the file itself: truncated (`segments`)
 
     def feed(self, seg: Segment) -> list[BGPMessage]:
         d = self._flows.get(seg.flow)
@@ -369,8 +438,10 @@ def inspect_capture(
     verify: Verify = not_checked,
     streams: BGPStreams | None = None,
 ) -> Iterator[Finding]:
-    """`findings` of a capture file or stream (problems framing it land in `streams`)."""
-    return findings(bgp_messages(segments(source), streams), type_code, verify)
+    """`findings` of a capture file or stream (problems framing it land in `streams`,
+    a truncated file in `streams.capture_notes`)."""
+    notes = streams.capture_notes if streams is not None else None
+    return findings(bgp_messages(segments(source, notes), streams), type_code, verify)
 
 
 # ---- live ------------------------------------------------------------------------------

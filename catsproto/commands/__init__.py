@@ -17,6 +17,7 @@ import re
 import string
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -77,6 +78,9 @@ def shows_default(action: argparse.Action) -> bool:
     return bool(action.option_strings) or action.nargs in optional
 
 
+_UNKNOWN_IN = "_catsproto_unknown_in"  # namespace attribute: the parser extras were left in
+
+
 class CommandParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose help uses `HelpFormatter`; its subparsers are of this
     class too (argparse's `add_subparsers` defaults `parser_class` to the parent's)."""
@@ -84,6 +88,30 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, and the `prog` of the innermost parser that left words it did not
+        know, so `parse_args` can name that subcommand (argparse itself reports them
+        from the top-level parser: `catsproto: unrecognized arguments`)."""
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(ns, _UNKNOWN_IN):
+            setattr(ns, _UNKNOWN_IN, self.prog)
+        return ns, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        ns, extras = self.parse_known_args(args, namespace)
+        prog = getattr(ns, _UNKNOWN_IN, self.prog)
+        if hasattr(ns, _UNKNOWN_IN):
+            delattr(ns, _UNKNOWN_IN)
+        if extras:
+            self.exit(
+                2, f"{prog}: unrecognized arguments: {' '.join(extras)}; see `{prog} --help`\n"
+            )
+        return ns
 
     def error(self, message: str) -> NoReturn:
         """A command line argparse refuses: one line on stderr and exit 2, as for every

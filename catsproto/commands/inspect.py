@@ -6,7 +6,9 @@ and block count. With `--trust` each one is verified as a selector would at the 
 the packet was captured (signature, delegation, scope, freshness, replay, in capture
 order); with `--group-key` sealed cache sections are opened. Malformed attributes are
 listed with the codec's error. Exit status: 0 when everything shown is well-formed
-(and verified, with --trust), 1 otherwise, 2 on bad input.
+(and verified, with --trust), 1 otherwise (a truncated capture file too: what precedes
+the cut is shown, and a warning on stderr says where it is), 2 on bad input (a live
+interface or namespace that is not there among it).
 """
 
 from __future__ import annotations
@@ -155,10 +157,39 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
 
 
-def _relay(lines: Iterable[bytes]) -> None:
-    for line in lines:
-        sys.stderr.write("tcpdump: " + line.decode("utf-8", "replace"))
+class _Relay:
+    """tcpdump's stderr: held until it says it listens (so a tcpdump that fails before,
+    on an interface or namespace that is not there, becomes our one-line error), then
+    passed on to our stderr a line at a time, with one "tcpdump: " prefix."""
+
+    def __init__(self, lines: Iterable[bytes]) -> None:
+        self.held: list[str] = []
+        self.listening = False
+        self.thread = threading.Thread(target=self._run, args=(lines,), daemon=True)
+        self.thread.start()
+
+    def _run(self, lines: Iterable[bytes]) -> None:
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip("\n").removeprefix("tcpdump: ")
+            if not self.listening and "listening on" in line:
+                self.listening = True
+                for early in self.held:
+                    self._write(early)
+            if self.listening:
+                self._write(line)
+            else:
+                self.held.append(line)
+
+    @staticmethod
+    def _write(line: str) -> None:
+        sys.stderr.write(f"tcpdump: {line}\n")
         sys.stderr.flush()
+
+    def failure(self, where: str, status: int | None) -> UsageError:
+        """The error of a capture that never opened, in tcpdump's (or ip's) words."""
+        self.thread.join(timeout=5)
+        said = " ".join(line.strip() for line in self.held if line.strip()) or "no message"
+        return UsageError(f"cannot capture on {where}: {said} (exit status {status})")
 
 
 def _follow(args: argparse.Namespace, streams: pcap.BGPStreams) -> Iterator[pcap.Finding]:
@@ -167,19 +198,35 @@ def _follow(args: argparse.Namespace, streams: pcap.BGPStreams) -> Iterator[pcap
     assert proc.stdout is not None and proc.stderr is not None
     # tcpdump's own lines ("listening on IFACE", the packet counts at the end) go to our
     # stderr: a caller (or a script) knows from the first one that the capture is open
-    threading.Thread(target=_relay, args=(proc.stderr,), daemon=True).start()
+    relay = _Relay(proc.stderr)
     timer = threading.Timer(args.timeout, _stop, [proc]) if args.timeout else None
     if timer is not None:
         timer.start()
+    where = f"{args.follow} in namespace {args.netns}" if args.netns else args.follow
+    opened = False
     try:
-        yield from pcap.inspect_capture(proc.stdout, args.type_code, args.verify, streams)
-    except EOFError:  # tcpdump stopped before writing a whole pcap header
-        return
+        for finding in pcap.inspect_capture(proc.stdout, args.type_code, args.verify, streams):
+            opened = True
+            yield finding
+    except Exception as exc:  # no pcap header came: tcpdump (or ip netns exec) failed
+        if opened or not _no_capture(exc):
+            raise
+        if timer is not None and timer.finished.is_set():
+            return  # --timeout ended it before it wrote anything
+        if proc.wait(timeout=10) != 0 or not relay.listening:
+            raise relay.failure(where, proc.returncode) from None
     finally:
         if timer is not None:
             timer.cancel()
         _stop(proc)
         proc.wait(timeout=10)
+
+
+def _no_capture(exc: Exception) -> bool:
+    """scapy's reader given a stream that ended before a whole pcap header."""
+    from scapy.error import Scapy_Exception
+
+    return isinstance(exc, EOFError | Scapy_Exception)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -252,7 +299,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"\n{len(found)} advertisement(s) of attribute type {args.type_code}: {summary}")
         for p in streams.problems:
             print(f"stream problem: {_problem_json(p)['flow']}: {p.reason}", file=sys.stderr)
-    return 0 if all(_ok(f, verifying) for f in found) and not streams.problems else 1
+    for note in streams.capture_notes:  # whatever the output format: the file is cut short
+        print(f"catsproto inspect: warning: {args.capture}: {note}", file=sys.stderr)
+    clean = not streams.problems and not streams.capture_notes
+    return 0 if all(_ok(f, verifying) for f in found) and clean else 1
 
 
 def _count(text: str) -> int:

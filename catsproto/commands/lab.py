@@ -11,14 +11,18 @@ catsproto lab up catsrr                  # sites behind an FRR and a BIRD route 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from catsproto.commands import UsageError
 
@@ -74,6 +78,18 @@ def _one_lab(args: argparse.Namespace) -> Path:
     return labs[0]
 
 
+def positive_seconds(text: str) -> float:
+    """--interval, --seconds: a finite number of seconds > 0 (checked while parsing, so
+    nothing starts with a value the instances or the capture would refuse or hang on)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0 seconds, not {text}")
+    return value
+
+
 TAG_PATTERN = re.compile(r"[a-z][a-z0-9]{0,7}")  # veth names are <tag>l<link><side>: 15 at most
 
 
@@ -115,7 +131,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             root = _root(args) if args.root else LOOPBACK_ROOT
             lab = embedded.up(path, root, tag=_new_tag(args, root))
             if not args.no_feed:
-                runner.start_feeders(lab, args.interval)
+                try:
+                    runner.start_feeders(lab, args.interval)
+                except BaseException:  # as `runner.up` does for its own feeders
+                    runner.discard(lab.handle)
+                    raise
         else:
             root = _root(args)
             lab = runner.up(
@@ -130,12 +150,29 @@ def cmd_up(args: argparse.Namespace) -> int:
     mode = lab.handle.state.info.get("mode", "netns")
     print(f"lab {lab.tag} ({lab.topology.name}, {mode}) up in {time.monotonic() - started:.2f}s")
     print(f"run directory: {lab.run_dir}")
-    for name, node in lab.topology.nodes.items():
+    running = running_nodes(lab)
+    for name in running:
+        node = lab.topology.nodes[name]
         extra = f", {len(node.instances)} instances" if node.instances else ""
         recv = ", receives" if node.receive else ""
         print(f"  {name:5} {node.role:7} AS{node.asn}{extra}{recv}")
+    left = [f"{n} ({node.role})" for n, node in lab.topology.nodes.items() if n not in running]
+    if left:
+        print(f"  not run on loopback (no transit): {', '.join(left)}")
     print(f"next: catsproto lab status --tag {lab.tag}; catsproto lab down --tag {lab.tag}")
     return 0
+
+
+def running_nodes(lab: Any) -> list[str]:
+    """The topology's nodes the lab runs a daemon for: all of them in namespaces; on
+    loopback only the receiving ExaBGP node and the announcing ones (`lab.embedded`)."""
+    if lab.handle.state.info.get("mode") != "embedded":
+        return list(lab.topology.nodes)
+    return [
+        name
+        for name, node in lab.topology.nodes.items()
+        if node.role == "exabgp" and (node.receive or node.announce)
+    ]
 
 
 def _print_status(run_dir: Path) -> None:
@@ -168,7 +205,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from catsproto.lab.runner import down
 
-    targets = _running(args)[0] if args.all else [_one_lab(args)]
+    labs, where = _running(args)
+    if args.tag and not any(p.name == args.tag for p in labs):
+        print(f"no running lab {args.tag} under {where}: nothing to stop")
+        return 0
+    if not labs:  # teardown is idempotent: nothing left is what was asked for
+        print(f"no running lab under {where}: nothing to stop")
+        return 0
+    targets = labs if args.all else [_one_lab(args)]
     for run_dir in targets:
         started = time.monotonic()
         down(run_dir)
@@ -176,36 +220,134 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_capture(args: argparse.Namespace) -> int:
-    from catsproto.lab import runner
+class Tcpdump:
+    """tcpdump writing what one interface sees to a pcap file, started and stopped here.
+
+    It writes to a fresh hidden file beside `out`, renamed to `out` only when tcpdump
+    ended well, so a failed capture leaves an older `out` as it was and is never
+    reported by that file's size. A tcpdump that exits by itself (a filter it refuses, a
+    file it cannot write, an interface or namespace that is not there, no permission)
+    raises `UsageError` with tcpdump's own message, on one line."""
+
+    def __init__(self, out: Path, interface: str, bpf: str, netns: str | None = None) -> None:
+        if not out.parent.is_dir():
+            what = "is not a directory" if out.parent.exists() else "does not exist"
+            raise UsageError(f"cannot write {out}: {out.parent} {what}")
+        if out.is_dir():
+            raise UsageError(f"cannot write {out}: it is a directory")
+        self.out = out
+        self.partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop)
+        argv = ["tcpdump", "-i", interface, "-U", "-n", "-Z", "root", "-w", str(self.partial)]
+        argv.append(bpf)
+        if netns:
+            argv = ["ip", "netns", "exec", netns, *argv]
+        self.proc = subprocess.Popen(
+            argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.stderr
+        )
+
+    def messages(self) -> list[str]:
+        """tcpdump's stderr so far, a line each."""
+        self.stderr.seek(0)
+        return self.stderr.read().decode("utf-8", "replace").splitlines()
+
+    def wait_listening(self, timeout: float = 10.0) -> None:
+        """Until tcpdump says it listens (or fails: then `UsageError`, see `stop`)."""
+        deadline = time.monotonic() + timeout
+        while not any("listening on" in line for line in self.messages()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise UsageError("tcpdump did not start listening in time")
+            time.sleep(0.05)
+
+    def wait(self, seconds: float) -> None:
+        """Up to `seconds`, or until tcpdump exits by itself (Ctrl-C ends it too)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=seconds)
+
+    def stop(self) -> int:
+        """End tcpdump (SIGINT, as Ctrl-C would; it flushes and exits 0) and return the
+        packets it captured; raise `UsageError` if it failed."""
+        early = self.proc.poll()
+        if early is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        lines = self.messages()
+        self.stderr.close()
+        if self.proc.returncode != 0 or (early is not None and not self.partial.exists()):
+            self.partial.unlink(missing_ok=True)
+            raise UsageError(tcpdump_failure(lines, self.proc.returncode, self.partial, self.out))
+        self.partial.replace(self.out)
+        counts = [line for line in lines if line.endswith("packets captured")]
+        return int(counts[-1].split()[0]) if counts else 0
+
+
+_TCPDUMP_CHATTER = ("listening on", "packets captured", "received by filter", "dropped by")
+
+
+def tcpdump_failure(lines: list[str], status: int | None, partial: Path, out: Path) -> str:
+    """One line from a failed tcpdump's stderr: its own words (each "tcpdump: " prefix
+    dropped, the hidden file's name replaced by the one asked for), and its exit status."""
+    said = [
+        line.removeprefix("tcpdump: ").replace(str(partial), str(out)).strip()
+        for line in lines
+        if line.strip() and not any(c in line for c in _TCPDUMP_CHATTER)
+    ]
+    words = "; ".join(said) or "no message"
+    return f"tcpdump failed (exit status {status}): {words}"
+
+
+def _capture_point(lab: Any, text: str, bpf: str | None) -> tuple[str, str | None, str, str, str]:
+    """(interface, namespace or None, filter, what, default file name) of `lab capture
+    LINK` on `lab`."""
     from catsproto.lab.topology import TopologyError
 
-    lab = runner.attach(_one_lab(args))
+    info = lab.handle.state.info
+    if info.get("mode") == "embedded":  # sessions on lo, no links: LINK names a speaker
+        receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
+        addresses = info.get("addresses", {})
+        speakers = [n for n in addresses if n != receiver]
+        names = {s: s for s in speakers}
+        names.update({f"{a}-{b}": s for s in speakers for a, b in ((receiver, s), (s, receiver))})
+        if text not in names or "port" not in info:
+            raise UsageError(
+                f"a loopback lab has no links, only a BGP session from each speaker to "
+                f"{receiver} on lo: give one of {', '.join(speakers)} (not {text!r})"
+            )
+        speaker = names[text]
+        session = f"tcp port {info['port']} and host {addresses[speaker]}"
+        what = f"the session {speaker}-{receiver} (lo)"
+        bpf = f"({bpf}) and {session}" if bpf else session
+        return "lo", None, bpf, what, f"{lab.tag}-{receiver}-{speaker}.pcap"
     try:
-        link = lab.topology.find_link(args.link)
+        link = lab.topology.find_link(text)
     except TopologyError as exc:
         raise UsageError(str(exc)) from None
-    index = lab.topology.links.index(link)
-    end = lab.handle.state.links[index][0]
-    out = Path(args.write or f"{lab.tag}-{link.a.node}-{link.b.node}.pcap").resolve()
-    argv = ["tcpdump", "-i", end.ifname, "-U", "-w", str(out), "-Z", "root", args.filter]
-    if lab.handle.namespaced:
-        argv = ["ip", "netns", "exec", lab.handle.ns(end.node), *argv]
-    print(f"capturing {link.name} ({end.ifname}) to {out} for {args.seconds:g}s", flush=True)
-    proc = subprocess.Popen(argv, start_new_session=True, stderr=subprocess.DEVNULL)
+    end = lab.handle.state.links[lab.topology.links.index(link)][0]
+    netns = lab.handle.ns(end.node) if lab.handle.namespaced else None
+    name = f"{lab.tag}-{link.a.node}-{link.b.node}.pcap"
+    return end.ifname, netns, bpf or "tcp port 179", f"{link.name} ({end.ifname})", name
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from catsproto.lab import runner
+
+    lab = runner.attach(_one_lab(args))
+    interface, netns, bpf, what, default = _capture_point(lab, args.link, args.filter)
+    out = Path(args.write or default).resolve()
+    tcpdump = Tcpdump(out, interface, bpf, netns)
+    print(f"capturing {what} to {out} for {args.seconds:g}s", flush=True)
     try:
-        proc.wait(timeout=args.seconds)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        pass
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    print(f"wrote {out} ({out.stat().st_size if out.exists() else 0} bytes)")
+        tcpdump.wait(args.seconds)
+    finally:  # Ctrl-C too: the packets so far are kept
+        packets = tcpdump.stop()
+    print(f"wrote {out} ({out.stat().st_size} bytes, {packets} packets)")
     return 0
 
 
@@ -226,12 +368,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     except runner.LabError as exc:
         raise UsageError(f"{path.name}: {exc}") from None
+    capture: DemoCapture | None = None
+    rows: list[list[str]] = []
     try:
         if not netns_mode:
             runner.start_feeders(lab, args.interval)
-        mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no root"
+        mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no transit"
         print(f"lab {lab.topology.name} up ({mode}) in {time.monotonic() - started:.2f}s")
         receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
+        print(_delay_note(lab, path))
+        if not args.no_capture:
+            keep = Path(
+                args.capture_dir or Path(tempfile.gettempdir()) / f"catsproto-demo-{lab.tag}"
+            )
+            capture = DemoCapture.start(lab, receiver, keep.resolve())
         expected = sum(len(n.instances) for n in lab.topology.nodes.values())
         if not netns_mode:  # on loopback the receiver's own instances reach no one
             expected -= len(lab.topology.nodes[receiver].instances)
@@ -254,10 +404,100 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n{accepted} advertisements accepted at {receiver}")
         _print_steering(lab, receiver)
     finally:
+        if capture is not None:
+            capture.finish()  # before the run directory (and the trust file in it) goes
         t = time.monotonic()
         runner.down(lab.run_dir)  # processes, namespaces, and the run directory
         print(f"lab down in {time.monotonic() - t:.2f}s")
     return 0 if rows else 1
+
+
+def _delay_note(lab: Any, topology_path: Path) -> str:
+    """Where the rtt in the demo's estimates comes from, said before any number."""
+    if lab.handle.state.info.get("mode") == "embedded":
+        return (
+            "loopback: each speaker peers with the receiver directly, no transit routers and "
+            "no link delay; the selector's graph is those direct 0 ms sessions"
+        )
+    shaping = lab.handle.state.info.get("shaping", {})
+    if any("no netem" in applied for applied in shaping.values()):
+        return (
+            "link delays NOT applied: this kernel has no netem (link rates are applied); the "
+            f"rtt in the estimates below is the sum of the link delays in {topology_path.name}, "
+            "not a measurement"
+        )
+    return f"link delays applied with netem, as {topology_path.name} gives them"
+
+
+class DemoCapture:
+    """The demo's capture of the receiver's BGP sessions, kept (with the lab's trust file)
+    in a folder that outlives the lab, so `catsproto inspect` can show them afterwards."""
+
+    def __init__(self, tcpdump: Tcpdump, trust: Path, keep: Path) -> None:
+        self.tcpdump, self.trust, self.keep = tcpdump, trust, keep
+
+    @classmethod
+    def start(cls, lab: Any, receiver: str, keep: Path) -> DemoCapture | None:
+        """tcpdump on the receiver's link to its transit (in namespaces) or on lo (the
+        receiver's port); None, with a line saying why, when it cannot run."""
+        if os.geteuid() != 0 or shutil.which("tcpdump") is None:
+            print("no capture of the BGP sessions: tcpdump (as root) is needed for one")
+            return None
+        info = lab.handle.state.info
+        if info.get("mode") == "embedded":
+            interface, netns, bpf = "lo", None, f"tcp port {info['port']}"
+        else:
+            ends = [
+                end
+                for pair in lab.handle.state.links
+                for end, other in (pair, pair[::-1])
+                if end.node == receiver and other.node in lab.topology.nodes
+            ]
+            if not ends:
+                print(f"no capture: {receiver} has no link to another BGP node")
+                return None
+            interface, netns, bpf = ends[0].ifname, lab.handle.ns(receiver), "tcp port 179"
+        try:
+            keep.mkdir(parents=True, exist_ok=True)
+            tcpdump = Tcpdump(keep / f"{receiver}-bgp.pcap", interface, bpf, netns)
+            tcpdump.wait_listening()
+        except OSError as exc:
+            print(f"no capture of the BGP sessions: --capture-dir {keep}: {exc.strerror}")
+            return None
+        except UsageError as exc:
+            print(f"no capture of the BGP sessions: {exc}")
+            return None
+        print(f"capturing {receiver}'s BGP sessions ({interface}) to {tcpdump.out}")
+        return cls(tcpdump, lab.node_dir(receiver) / "trust.json", keep)
+
+    def finish(self) -> None:
+        """Stop tcpdump, keep the trust file beside the pcap, print how to look at them."""
+        try:
+            packets = self.tcpdump.stop()
+        except UsageError as exc:
+            print(f"\nthe capture failed: {exc}")
+            return
+        trust = self.keep / "trust.json"
+        try:
+            shutil.copyfile(self.trust, trust)
+        except OSError as exc:
+            print(f"\n{packets} packets in {self.tcpdump.out}; no trust file kept: {exc}")
+            return
+        print(
+            f"\n{packets} packets of the BGP sessions kept in {self.tcpdump.out}, with the "
+            "lab's trust file; decode and verify every advertisement in it with:\n"
+            f"  {catsproto_command()} inspect {self.tcpdump.out} --trust {trust}"
+        )
+
+
+def catsproto_command() -> str:
+    """How to run this catsproto from a shell: `catsproto` when that is what PATH finds,
+    else the full path of the one beside this Python (a venv not on PATH, as in
+    scripts/demo)."""
+    local = Path(sys.executable).parent / "catsproto"
+    if local.exists() and shutil.which("catsproto") != str(local):
+        return str(local)
+    return "catsproto"
 
 
 def _print_steering(lab: Any, receiver: str) -> None:
@@ -267,7 +507,10 @@ def _print_steering(lab: Any, receiver: str) -> None:
 
     now_ms = time.time_ns() // 1_000_000
     try:
-        decisions = steering.decide_demo(lab.topology, lab.rib(receiver), receiver, now_ms)
+        loopback = lab.handle.state.info.get("mode") == "embedded"
+        decisions = steering.decide_demo(
+            lab.topology, lab.rib(receiver), receiver, now_ms, loopback=loopback
+        )
     except LookupError as exc:
         print(f"\nno steering decision possible: {exc}")
         return
@@ -358,7 +601,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
     p.add_argument(
         "--interval",
-        type=float,
+        type=positive_seconds,
         default=2.0,
         help="seconds between the modelled instances' cache updates",
     )
@@ -385,15 +628,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tcpdump one link into a pcap",
         description="Run tcpdump on one end of a link of a running lab (inside its "
         "namespace) for --seconds and write what it sees to a pcap file; by default BGP "
-        "only (tcp port 179). `catsproto inspect` decodes the result.",
+        "only (tcp port 179). On a loopback lab it captures one speaker's session on lo. "
+        "The file is written under a temporary name and renamed when tcpdump ends well; "
+        "if tcpdump fails (a filter it refuses, a file it cannot write) its message is "
+        "the error (exit 2) and an older file of that name is left as it was. "
+        "`catsproto inspect FILE --trust RUN_DIR/e1/trust.json` decodes and verifies it.",
     )
-    p.add_argument("link", help="link index, node:iface, or nodeA-nodeB")
+    p.add_argument(
+        "link",
+        help="link index, node:iface, or nodeA-nodeB; on a loopback lab a speaker (e3) or "
+        "its session with the receiver (e1-e3)",
+    )
     p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
     p.add_argument(
-        "--seconds", type=float, default=10.0, help="how long to capture (Ctrl-C stops sooner)"
+        "--seconds",
+        type=positive_seconds,
+        default=10.0,
+        help="how long to capture (Ctrl-C stops sooner)",
     )
     p.add_argument(
-        "--filter", default="tcp port 179", help="tcpdump filter expression (one argument)"
+        "--filter",
+        help="tcpdump filter expression, one argument (default: BGP, tcp port 179; on a "
+        "loopback lab the chosen speaker's session, to which a filter given is added)",
     )
     common(p)
     p.set_defaults(func=cmd_capture)
@@ -402,7 +658,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "down",
         help="stop the daemons and remove the namespaces",
         description="Stop a running lab's processes by PID, remove its namespaces and its "
-        "run directory; with --all, every lab under --root.",
+        "run directory; with --all, every lab under --root. With nothing running (or no "
+        "lab of --tag) it says so and exits 0: the lab is down either way.",
     )
     p.add_argument("--all", action="store_true", help="every lab under --root")
     common(p)
@@ -414,7 +671,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Bring a topology up (namespaces with FRR and BIRD as root, loopback "
         "otherwise), wait until every instance's advertisement reached the receiver, show "
         "its RIB, and again after the caches changed, ask the path selector where each "
-        "site's cached conversation goes, then tear the lab down.",
+        "site's cached conversation goes, then tear the lab down. As root it captures the "
+        "receiver's BGP sessions meanwhile and keeps the pcap and the lab's trust file "
+        "(--capture-dir), printing the `catsproto inspect` command that verifies them. It "
+        "says where the rtt in the estimates comes from: on a kernel without netem the "
+        "link delays are not applied and the numbers are the topology file's.",
     )
     p.add_argument(
         "topology",
@@ -425,12 +686,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--embedded", action="store_true", help="loopback mode even as root")
     p.add_argument(
         "--interval",
-        type=float,
+        type=positive_seconds,
         default=1.0,
         help="seconds between the modelled instances' cache updates; the demo looks "
         "again 1.5 intervals after the first table",
     )
-    p.add_argument("--seconds", type=float, default=20.0, help="how long to wait for routes")
+    p.add_argument(
+        "--seconds", type=positive_seconds, default=20.0, help="how long to wait for routes"
+    )
+    p.add_argument(
+        "--capture-dir",
+        metavar="DIR",
+        help="where the capture of the receiver's BGP sessions and the lab's trust file are "
+        "kept after the lab is down (default: catsproto-demo-<tag> in the temporary folder, "
+        "/tmp)",
+    )
+    p.add_argument("--no-capture", action="store_true", help="do not capture the BGP sessions")
     common(
         p,
         "where the run directory lives while the demo runs (default: $CATSPROTO_LAB_ROOT, "

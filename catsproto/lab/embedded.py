@@ -15,10 +15,11 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from catsproto.adapters import netns
-from catsproto.lab import configs
-from catsproto.lab.runner import Lab, LabError, exabgp_binary
+from catsproto.lab import configs, runner
+from catsproto.lab.runner import Lab, LabError, discard, exabgp_binary
 from catsproto.lab.topology import load
 
 RECEIVER_ADDRESS = "127.0.0.2"
@@ -50,35 +51,47 @@ def up(topology_path: str | Path, root: str | Path, *, tag: str | None = None) -
     env = dict(configs.EXABGP_ENV, exabgp_daemon_user=getpass.getuser())
     addresses = {n.name: f"127.0.0.{11 + i}" for i, n in enumerate(speakers)}
     handle.state.info["addresses"] = {receiver.name: RECEIVER_ADDRESS, **addresses}
-    try:
-        for node in [receiver, *speakers]:
-            d = lab.node_dir(node.name)
-            for sub in ("spool", "rib"):
-                (d / sub).mkdir(parents=True, exist_ok=True)
-            if node is receiver:
-                neighbors = [
-                    (RECEIVER_ADDRESS, addresses[s.name], node.asn, s.asn) for s in speakers
-                ]
-                ports: tuple[int | None, int | None] = (port, None)
-                node_env = dict(env, exabgp_tcp_bind=RECEIVER_ADDRESS, exabgp_tcp_port=str(port))
-            else:
-                neighbors = [(addresses[node.name], RECEIVER_ADDRESS, node.asn, receiver.asn)]
-                ports = (None, port)
-                node_env = dict(env, exabgp_tcp_bind="")
-            conf = configs.exabgp_conf(
-                topology,
-                node.name,
-                python=sys.executable,
-                spool=str(d / "spool"),
-                out=str(d / "rib"),
-                neighbors=neighbors,
-                ports=ports,
-            )
-            (d / "exabgp.conf").write_text(conf)
-            handle.start(
-                node.name, "exabgp", [exabgp_binary(), str(d / "exabgp.conf")], env=node_env
-            )
-    except BaseException:
-        handle.teardown()
-        raise
+    handle.state.info["port"] = port  # the receiver's BGP port (what a capture filters on)
+    with runner.noting_interrupts() as interrupted:
+        try:
+            _start(lab, receiver, speakers, addresses, port, env)
+            interrupted.check()
+        except BaseException:  # an error or Ctrl-C: processes and run directory go
+            discard(handle)
+            raise
     return lab
+
+
+def _start(
+    lab: Lab,
+    receiver: Any,
+    speakers: list[Any],
+    addresses: dict[str, str],
+    port: int,
+    env: dict[str, str],
+) -> None:
+    """The receiver's ExaBGP, then each speaker's, peering on loopback."""
+    topology, handle = lab.topology, lab.handle
+    for node in [receiver, *speakers]:
+        d = lab.node_dir(node.name)
+        for sub in ("spool", "rib"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        if node is receiver:
+            neighbors = [(RECEIVER_ADDRESS, addresses[s.name], node.asn, s.asn) for s in speakers]
+            ports: tuple[int | None, int | None] = (port, None)
+            node_env = dict(env, exabgp_tcp_bind=RECEIVER_ADDRESS, exabgp_tcp_port=str(port))
+        else:
+            neighbors = [(addresses[node.name], RECEIVER_ADDRESS, node.asn, receiver.asn)]
+            ports = (None, port)
+            node_env = dict(env, exabgp_tcp_bind="")
+        conf = configs.exabgp_conf(
+            topology,
+            node.name,
+            python=sys.executable,
+            spool=str(d / "spool"),
+            out=str(d / "rib"),
+            neighbors=neighbors,
+            ports=ports,
+        )
+        (d / "exabgp.conf").write_text(conf)
+        handle.start(node.name, "exabgp", [exabgp_binary(), str(d / "exabgp.conf")], env=node_env)

@@ -42,9 +42,8 @@ from catsproto.lab.instances import (
     MODEL,
     demo_prompt,
 )
-from catsproto.lab.steering import network_from_topology, rate_mbps
+from catsproto.lab.steering import lab_links, network_from_topology
 from catsproto.lab.topology import Topology
-from catsproto.selector import Link
 
 
 class Lab(Protocol):
@@ -84,15 +83,27 @@ def client_link(topology: Topology, ingress: str) -> tuple[str, str, str]:
     raise LabError(f"{ingress} has no link to a client host")
 
 
+def is_loopback(lab: Lab) -> bool:
+    """Whether the lab runs on loopback (`lab up --embedded`): no namespaces, no transit."""
+    return lab.handle.state.info.get("mode") == "embedded"
+
+
 def steering_config(lab: Lab, *, netns_name: str | None = None) -> SteeringConfig:
+    """The steering API's configuration for the lab's ingress; on a loopback lab the
+    graph is the direct sessions (`catsproto.lab.steering.loopback_links`)."""
     topology = lab.topology
     ingress = ingress_node(topology)
     _, sites = network_from_topology(topology)
-    links = tuple(
-        Link(link.a.node, link.b.node, link.delay_ms, rate_mbps(link.rate))
-        for link in topology.links
-    )
-    next_hops = {nb.remote.node: str(nb.remote.address.ip) for nb in topology.neighbors(ingress)}  # type: ignore[union-attr]
+    loopback = is_loopback(lab)
+    links = lab_links(topology, ingress, loopback=loopback)
+    if loopback:  # each speaker on its own 127.0.0.x, next to the receiver
+        addresses = lab.handle.state.info.get("addresses", {})
+        next_hops = {link.b: addresses.get(link.b, "127.0.0.1") for link in links}
+    else:
+        next_hops = {
+            nb.remote.node: str(nb.remote.address.ip)  # type: ignore[union-attr]
+            for nb in topology.neighbors(ingress)
+        }
     try:
         _, _, source = client_link(topology, ingress)
     except LabError:

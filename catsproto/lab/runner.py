@@ -4,9 +4,10 @@ Strategy: `up` reads the `.clab.yml`, builds one namespace per node and one veth
 per link (`catsproto.adapters.netns`), renders each daemon's configuration
 (`catsproto.lab.configs`) into the lab's run directory and starts the daemons in their
 namespaces: ExaBGP (with the announce and/or receive API processes), FRR (zebra, then
-bgpd, in pathspace `<tag>-<node>`), BIRD. Whatever fails half way, everything started
-so far is torn down before the error propagates. The run directory keeps `state.json`,
-so `down` works from any later process.
+bgpd, in pathspace `<tag>-<node>`), BIRD. Whatever fails half way (or a Ctrl-C),
+everything started so far is torn down, run directory included, before the error
+propagates. The run directory keeps `state.json`, so `down` works from any later
+process.
 
 Per ExaBGP node the run directory holds `<node>/spool/` (write a route file there to
 announce: `exabgp_announce.Spool`) and `<node>/rib/` (`rib.json` and `events.jsonl`
@@ -22,18 +23,22 @@ default: its steering forwarder installs one route per decision (docs/steering.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pyroute2 import NetNS
+from pyroute2 import netns as pyroute2_netns
 
 from catsproto.adapters import netns
 from catsproto.adapters.exabgp_announce import Spool
@@ -284,29 +289,105 @@ def up(
     tag = tag or netns.lab_tag()
     handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
     lab = Lab(topology, handle, str(topology_path))
-    try:
-        handle.state.info["name"] = topology.name
-        for name in [*topology.nodes, *host_nodes(topology)]:
-            handle.add_node(name)
-            lab.node_dir(name).mkdir(exist_ok=True)
-        for link in topology.links:
-            handle.add_link(
-                (link.a.node, link.a.interface, str(link.a.address) if link.a.address else None),
-                (link.b.node, link.b.interface, str(link.b.address) if link.b.address else None),
-                delay_ms=link.delay_ms,
-                rate=link.rate,
-            )
-        _dataplane(lab)
-        # transits first, so the speakers' first connection attempts find them listening
-        order = sorted(topology.nodes.values(), key=lambda n: n.role == "exabgp")
-        for node in order:
-            STARTERS[node.role](lab, node.name)
-        if feed:
-            start_feeders(lab, feed_interval, instance_args)
-    except BaseException:
-        handle.teardown()
-        raise
+    with noting_interrupts() as interrupted:
+        try:
+            _build(lab, feed, feed_interval, instance_args)
+            interrupted.check()
+        except BaseException:  # an error or Ctrl-C: leave nothing that blocks the tag
+            discard(handle)
+            raise
     return lab
+
+
+def _build(lab: Lab, feed: bool, feed_interval: float, instance_args: tuple[str, ...]) -> None:
+    """Namespaces, links, data plane, daemons (and feeders) of `up`, in that order."""
+    topology, handle = lab.topology, lab.handle
+    handle.state.info["name"] = topology.name
+    for name in [*topology.nodes, *host_nodes(topology)]:
+        handle.add_node(name)
+        lab.node_dir(name).mkdir(exist_ok=True)
+    for link in topology.links:
+        handle.add_link(
+            (link.a.node, link.a.interface, str(link.a.address) if link.a.address else None),
+            (link.b.node, link.b.interface, str(link.b.address) if link.b.address else None),
+            delay_ms=link.delay_ms,
+            rate=link.rate,
+        )
+    _dataplane(lab)
+    # transits first, so the speakers' first connection attempts find them listening
+    order = sorted(topology.nodes.values(), key=lambda n: n.role == "exabgp")
+    for node in order:
+        STARTERS[node.role](lab, node.name)
+    if feed:
+        start_feeders(lab, feed_interval, instance_args)
+
+
+def _remove_unrecorded_namespaces(tag: str, settle: float = 1.0) -> None:
+    """Namespaces of `tag` the state does not list: pyroute2 creates one in a forked
+    child, which finishes its work after a Ctrl-C interrupted the wait for it, so one
+    may appear just after teardown. Looked for (and removed) for `settle` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        for name in netns.leftover_namespaces(tag):
+            with contextlib.suppress(OSError):
+                pyroute2_netns.remove(name)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+class Interrupts:
+    """Whether a SIGINT came while a lab was being built. Python raises KeyboardInterrupt
+    where the signal lands, but one landing in the hooks around a fork (pyroute2 forks
+    for each namespace it enters) is printed as "Exception ignored" and lost, and the
+    lab came up after a Ctrl-C; `check` raises it again once the build is done."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def noting_interrupts() -> Iterator[Interrupts]:
+    """SIGINT noted in an `Interrupts` (and raised as usual) while the block runs, and a
+    KeyboardInterrupt Python could not raise kept off stderr; only the main thread can
+    set a signal handler, elsewhere nothing is noted."""
+    noted = Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    unraisable = sys.unraisablehook
+
+    def quiet(info: Any) -> None:  # the lost one's "Exception ignored": `check` raises it
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            unraisable(info)
+
+    previous = signal.signal(signal.SIGINT, noted.handler)
+    sys.unraisablehook = quiet
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = unraisable
+
+
+def discard(handle: netns.NetnsLab) -> None:
+    """Undo a lab that did not finish coming up, as `down` would: its processes, its
+    namespaces and its run directory (whose state.json would otherwise keep the tag
+    taken and show the dead lab in `lab status`)."""
+    try:
+        handle.teardown()
+        if handle.namespaced:
+            _remove_unrecorded_namespaces(handle.tag)
+    finally:
+        _remove_run_dir(handle.run_dir)
 
 
 def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()) -> None:

@@ -42,6 +42,27 @@ def network_from_topology(topology: Topology) -> tuple[Network, dict[int, str]]:
     return net, sites
 
 
+def loopback_links(topology: Topology, receiver: str) -> tuple[Link, ...]:
+    """A loopback lab's real graph: each speaker peers with the receiver directly on `lo`,
+    so one 0 ms link per speaker and none of the topology's transit routers (which the
+    loopback mode does not run) or link delays (which it cannot apply)."""
+    return tuple(
+        Link(receiver, name, 0.0, rate_mbps(None))
+        for name, node in topology.nodes.items()
+        if node.role == "exabgp" and node.announce and not node.receive
+    )
+
+
+def lab_links(topology: Topology, receiver: str, *, loopback: bool) -> tuple[Link, ...]:
+    """The links the selector should see: the topology's, or `loopback_links`."""
+    if loopback:
+        return loopback_links(topology, receiver)
+    return tuple(
+        Link(link.a.node, link.b.node, link.delay_ms, rate_mbps(link.rate))
+        for link in topology.links
+    )
+
+
 def rib_from_receiver(rib_json: dict[str, Any], now_ms: int) -> RIB:
     """A selector RIB from the receiver's rib.json: verified values only (the routes the
     receiver refused never reach it)."""
@@ -55,11 +76,18 @@ def rib_from_receiver(rib_json: dict[str, Any], now_ms: int) -> RIB:
 
 
 def decide_demo(
-    topology: Topology, rib_json: dict[str, Any], ingress: str, now_ms: int
+    topology: Topology,
+    rib_json: dict[str, Any],
+    ingress: str,
+    now_ms: int,
+    *,
+    loopback: bool = False,
 ) -> list[tuple[int, Decision, Decision]]:
     """For each site's demo conversation, the selector's decision at `ingress`, and what
-    network-only CATS (the same selector without the prompt's block keys) would pick."""
-    network, sites = network_from_topology(topology)
+    network-only CATS (the same selector without the prompt's block keys) would pick.
+    `loopback`: the lab runs on loopback (`loopback_links` is its graph)."""
+    _, sites = network_from_topology(topology)
+    network = Network(lab_links(topology, ingress, loopback=loopback))
     rib = rib_from_receiver(rib_json, now_ms)
 
     def fresh() -> PathSelector:  # one per question: no load counted from the others
