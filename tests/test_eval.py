@@ -648,3 +648,32 @@ def test_a_sweep_plot_states_its_requests_and_starts_its_axes_at_zero(tmp_path, 
     write_report(tmp_path, rows, results, {"name": "S1"}, {"target_fpr": pts}, meta)
     assert "S1: catsproto on the first 2,000 requests, speedup 1, one run per point" in titles
     assert (tmp_path / "sweep_target_fpr.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_run_that_does_not_finish_leaves_no_report_folder_it_made(
+    monkeypatch, tmp_path, capsys, stop
+):
+    """Interrupted (Ctrl-C) or failed mid-run: the folders --report made are gone again;
+    a folder that was there before, with its files, stays as it was."""
+    from catsproto.commands import eval as eval_cmd
+
+    def halt(*args, **kwargs):
+        raise stop("stopped in the middle of a run")
+
+    monkeypatch.setattr(eval_cmd, "run_policy", halt)
+    new = tmp_path / "new" / "deeper"
+    argv = ["eval", "--quiet", "--trace", TRACE, "--limit", "5", "--policies", "nearest"]
+    if stop is KeyboardInterrupt:
+        assert cli.main([*argv, "--report", str(new)]) == 130
+        assert "interrupted" in capsys.readouterr().err
+    else:
+        with pytest.raises(RuntimeError):
+            cli.main([*argv, "--report", str(new)])
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(stop):
+        eval_cmd.run(cli.build_parser().parse_args([*argv, "--report", str(kept)]))
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]

@@ -280,14 +280,28 @@ def _legend_clear_of_data(ax: Any, data_lo: float, data_hi: float, **kwargs: Any
     ax.set_ylim(lo, lo + (data_hi - lo) / free)
 
 
-def prepare_report_dir(out: Path) -> None:
+def prepare_report_dir(out: Path) -> list[Path]:
     """Make `out` (and its parents) and check a file can be written in it, so that a
-    bad --report fails before the runs rather than after them. Raises OSError."""
+    bad --report fails before the runs rather than after them. Returns the folders it
+    made, deepest first (for `discard_report_dirs` if the run does not finish). Raises
+    OSError."""
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(out))
+    made = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=out):
         pass
+    return made
+
+
+def discard_report_dirs(made: Sequence[Path]) -> None:
+    """Remove the folders `prepare_report_dir` made, deepest first, each only while it
+    is still empty (a run that did not finish leaves no empty report folder behind)."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def write_report(

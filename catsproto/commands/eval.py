@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from catsproto.adapters.report import (
+    discard_report_dirs,
     format_seed_table,
     format_table,
     headline,
@@ -270,11 +271,27 @@ def run(args: argparse.Namespace) -> int:
                 f"--speedup {s:g}: the trace's last timestamp {latest:g} ms / {s:g} does not "
                 "fit the simulator's clock (int64 ms)"
             )
+    made: list[Path] = []
     if args.report:
         try:
-            prepare_report_dir(Path(args.report))
+            made = prepare_report_dir(Path(args.report))
         except OSError as exc:
             raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
+    try:
+        return _run(args, seeds, requests, base, started)
+    except BaseException:  # interrupted or failed: no empty report folder of ours stays
+        discard_report_dirs(made)
+        raise
+
+
+def _run(
+    args: argparse.Namespace,
+    seeds: list[int] | None,
+    requests: list[TraceRequest],
+    base: Scenario,
+    started: float,
+) -> int:
+    """The runs, the table and the report of `run`, after its checks."""
     if seeds is not None:
         return _run_seeds(args, seeds, requests, base, started)
     keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
