@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -183,6 +184,20 @@ def test_pull_over_tls_delivers_identical_blocks(identities) -> None:
     [served] = srv.served
     assert served.peer_key_id == PULLER.key_id.hex() and served.blocks_sent == len(KEYS)
     assert r.wire_bytes > SIZE * len(KEYS)
+
+
+def test_no_key_file_outlives_a_handshake(monkeypatch, tmp_path) -> None:
+    """The node key reaches disk only for the TLS library's one load call: with the
+    identities made and a pull done over TLS, the temporary folder holds nothing (a
+    process killed while holding an identity used to leave its private key behind)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    holder, puller = TransferIdentity(HOLDER), TransferIdentity(PULLER)
+    assert list(tmp_path.iterdir()) == []
+    with server(holder) as srv:
+        r = pull(srv.address, puller, expect_holder(), KEYS)
+        wait_served(srv)
+    assert r.error is None and r.completed is not None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_holder_certificate_is_refused(identities) -> None:

@@ -177,8 +177,10 @@ def certificate_key(der: bytes) -> bytes:
 
 
 class TransferIdentity:
-    """A node key with its transfer certificate, written once to a private directory
-    (Python's `ssl` loads certificate chains from files only)."""
+    """A node key with its transfer certificate, both held in memory as PEM. Python's
+    `ssl` loads certificate chains from files only, so `load_into` writes them to a
+    private directory (0700, key 0600) for the one `load_cert_chain` call and removes it
+    at once: no private key file outlives the call, even when the process is killed."""
 
     def __init__(
         self,
@@ -194,28 +196,30 @@ class TransferIdentity:
             not_before or now - datetime.timedelta(hours=1),
             not_after or now + datetime.timedelta(days=1),
         )
-        self._dir = tempfile.TemporaryDirectory(prefix="catsproto-xfer-")
-        os.chmod(self._dir.name, 0o700)
-        self.cert_file = Path(self._dir.name) / "cert.pem"
-        self.key_file = Path(self._dir.name) / "key.pem"
-        pem = ssl.DER_cert_to_PEM_cert(self.certificate)
-        self.cert_file.write_text(pem)
-        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(
-                Ed25519PrivateKey.from_private_bytes(key.seed).private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            )
+        self._cert_pem = ssl.DER_cert_to_PEM_cert(self.certificate).encode()
+        self._key_pem = Ed25519PrivateKey.from_private_bytes(key.seed).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def load_into(self, ctx: ssl.SSLContext) -> None:
+        """`ctx.load_cert_chain` with this certificate and key."""
+        with tempfile.TemporaryDirectory(prefix="catsproto-xfer-") as folder:
+            os.chmod(folder, 0o700)
+            cert_file, key_file = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+            cert_file.write_bytes(self._cert_pem)
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(self._key_pem)
+            ctx.load_cert_chain(cert_file, key_file)
 
     @property
     def key_id(self) -> bytes:
         return self.key.key_id
 
     def close(self) -> None:
-        self._dir.cleanup()
+        """Nothing is left to remove (kept so callers can close identities alike)."""
 
     def __enter__(self) -> TransferIdentity:
         return self
@@ -314,7 +318,7 @@ def tls_context(identity: TransferIdentity, anchor: bytes, *, server_side: bool)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.load_verify_locations(cadata=anchor)
-    ctx.load_cert_chain(identity.cert_file, identity.key_file)
+    identity.load_into(ctx)
     return ctx
 
 
