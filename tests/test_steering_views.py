@@ -12,44 +12,16 @@ import time
 
 import pytest
 
-from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine
-from catsproto.adapters.steering import (
-    PUBLIC_RIB_FIELDS,
-    SteeringServer,
-    get_json,
-    post_json,
-)
-from catsproto.lab import instances
-from tests.test_http_hostile import TOKEN, _raw, _service, _status
+from catsproto.adapters.steering import PUBLIC_RIB_FIELDS, get_json, post_json
+from tests import test_generate_withheld as withheld
+from tests.test_generate_withheld import CACHED, UNCACHED, _steering
+from tests.test_http_hostile import TOKEN, _raw, _status
 from tests.test_steering import _rib_json
 
-CACHED = {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}  # primed below
-UNCACHED = {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(2)}  # same length, cold
+instance = withheld.instance  # the fixture: a modelled instance primed with CACHED
+
 WRONG = [None, b"", b"Bearer", b"Bearer " + TOKEN[:-1], b"Basic " + TOKEN,
          b"Bearer " + TOKEN.upper()]  # fmt: skip
-
-
-@pytest.fixture
-def instance():
-    engine = ModelledEngine(
-        EngineConfig(block_size=instances.BLOCK_TOKENS, time_scale=1000.0, replay_endpoint=None)
-    )
-    srv = InstanceServer(engine, None, request_deadline=5.0).start()
-    try:
-        status, primed = post_json(
-            srv.url + "/generate", {"prompt_token_ids": CACHED["prompt_token_ids"]}
-        )
-        assert status == 200 and primed["cached_blocks"] == 0
-        yield srv
-    finally:
-        srv.close()
-
-
-def _steering(tmp_path, instance: InstanceServer, token: bytes | None) -> SteeringServer:
-    service = _service(tmp_path)
-    decide = service.decide  # the chosen instance's address is a lab one: send it to ours
-    service.decide = lambda body: {**decide(body), "url": instance.url}  # type: ignore[method-assign]
-    return SteeringServer(service, read_timeout=5.0, api_token=token).start()
 
 
 def _get_raw(url: str, path: str, authorization: bytes | None) -> bytes:
