@@ -242,9 +242,13 @@ class Tcpdump:
         argv.append(bpf)
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]
-        self.proc = subprocess.Popen(
-            argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.stderr
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=self.stderr
+            )
+        except OSError as exc:
+            self.stderr.close()
+            raise UsageError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
 
     def messages(self) -> list[str]:
         """tcpdump's stderr so far, a line each."""
@@ -378,10 +382,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
         print(_delay_note(lab, path))
         if not args.no_capture:
-            keep = Path(
-                args.capture_dir or Path(tempfile.gettempdir()) / f"catsproto-demo-{lab.tag}"
-            )
-            capture = DemoCapture.start(lab, receiver, keep.resolve())
+            capture = DemoCapture.start(lab, receiver, args.capture_dir)
         expected = sum(len(n.instances) for n in lab.topology.nodes.values())
         if not netns_mode:  # on loopback the receiver's own instances reach no one
             expected -= len(lab.topology.nodes[receiver].instances)
@@ -404,12 +405,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n{accepted} advertisements accepted at {receiver}")
         _print_steering(lab, receiver)
     finally:
-        if capture is not None:
-            capture.finish()  # before the run directory (and the trust file in it) goes
-        t = time.monotonic()
-        runner.down(lab.run_dir)  # processes, namespaces, and the run directory
-        print(f"lab down in {time.monotonic() - t:.2f}s")
+        try:
+            if capture is not None:
+                capture.finish()  # before the run directory (and the trust file in it) goes
+        finally:
+            t = time.monotonic()
+            runner.down(lab.run_dir)  # processes, namespaces, and the run directory
+            print(f"lab down in {time.monotonic() - t:.2f}s")
     return 0 if rows else 1
+
+
+def _capture_folder(capture_dir: str | None, tag: str) -> Path:
+    """Where the demo keeps its pcap and trust file: `capture_dir` (made 0700 if missing;
+    an existing one must be a real folder owned by us), else a fresh `mkdtemp` folder.
+    Raises OSError or UsageError."""
+    if capture_dir is None:
+        return Path(tempfile.mkdtemp(prefix=f"catsproto-demo-{tag}-"))
+    folder = Path(capture_dir)
+    if folder.is_symlink():
+        raise UsageError(f"--capture-dir {folder} is a symbolic link: name the folder itself")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.geteuid():
+        raise UsageError(f"--capture-dir {folder} belongs to another user")
+    return folder.resolve()
 
 
 def _delay_note(lab: Any, topology_path: Path) -> str:
@@ -437,9 +455,12 @@ class DemoCapture:
         self.tcpdump, self.trust, self.keep = tcpdump, trust, keep
 
     @classmethod
-    def start(cls, lab: Any, receiver: str, keep: Path) -> DemoCapture | None:
+    def start(cls, lab: Any, receiver: str, capture_dir: str | None) -> DemoCapture | None:
         """tcpdump on the receiver's link to its transit (in namespaces) or on lo (the
-        receiver's port); None, with a line saying why, when it cannot run."""
+        receiver's port); None, with a line saying why, when it cannot run. The files go
+        to `capture_dir` (made if missing; refused if it is a symlink or not ours) or
+        else to a fresh private folder in the temporary directory, never to a guessable
+        name another user could have prepared with symlinks."""
         if os.geteuid() != 0 or shutil.which("tcpdump") is None:
             print("no capture of the BGP sessions: tcpdump (as root) is needed for one")
             return None
@@ -458,15 +479,27 @@ class DemoCapture:
                 return None
             interface, netns, bpf = ends[0].ifname, lab.handle.ns(receiver), "tcp port 179"
         try:
-            keep.mkdir(parents=True, exist_ok=True)
-            tcpdump = Tcpdump(keep / f"{receiver}-bgp.pcap", interface, bpf, netns)
-            tcpdump.wait_listening()
+            keep = _capture_folder(capture_dir, lab.tag)
         except OSError as exc:
-            print(f"no capture of the BGP sessions: --capture-dir {keep}: {exc.strerror}")
+            print(f"no capture of the BGP sessions: --capture-dir {capture_dir}: {exc.strerror}")
             return None
         except UsageError as exc:
             print(f"no capture of the BGP sessions: {exc}")
             return None
+        try:
+            tcpdump = Tcpdump(keep / f"{receiver}-bgp.pcap", interface, bpf, netns)
+        except UsageError as exc:
+            print(f"no capture of the BGP sessions: {exc}")
+            return None
+        try:
+            tcpdump.wait_listening()
+        except UsageError as exc:
+            print(f"no capture of the BGP sessions: {exc}")
+            return None
+        except BaseException:  # Ctrl-C while waiting: tcpdump is in its own session
+            with contextlib.suppress(Exception):
+                tcpdump.stop()
+            raise
         print(f"capturing {receiver}'s BGP sessions ({interface}) to {tcpdump.out}")
         return cls(tcpdump, lab.node_dir(receiver) / "trust.json", keep)
 
@@ -478,8 +511,12 @@ class DemoCapture:
             print(f"\nthe capture failed: {exc}")
             return
         trust = self.keep / "trust.json"
-        try:
-            shutil.copyfile(self.trust, trust)
+        try:  # a new file renamed into place: never written through a link in the folder
+            fd, name = tempfile.mkstemp(dir=self.keep, prefix=".trust-")
+            with os.fdopen(fd, "wb") as out:
+                out.write(self.trust.read_bytes())
+            os.chmod(name, 0o644)
+            os.replace(name, trust)
         except OSError as exc:
             print(f"\n{packets} packets in {self.tcpdump.out}; no trust file kept: {exc}")
             return
@@ -698,8 +735,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--capture-dir",
         metavar="DIR",
         help="where the capture of the receiver's BGP sessions and the lab's trust file are "
-        "kept after the lab is down (default: catsproto-demo-<tag> in the temporary folder, "
-        "/tmp)",
+        "kept after the lab is down: a folder of yours, made if missing (default: a new "
+        "private catsproto-demo-<tag>-XXXXXXXX folder in the temporary folder, /tmp)",
     )
     p.add_argument("--no-capture", action="store_true", help="do not capture the BGP sessions")
     common(
