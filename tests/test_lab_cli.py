@@ -169,3 +169,24 @@ def test_ctrl_c_while_lab_up_builds_is_one_line_exit_130_and_leaves_nothing(tmp_
         timeout=60,
     )
     assert again.returncode == 2 and "no running lab" in again.stderr
+
+
+def test_a_lab_that_fails_to_come_up_keeps_its_logs_but_not_the_tag(tmp_path, monkeypatch, capsys):
+    """Not an interrupt but a failure (a daemon that does not start): the processes and
+    namespaces go and state.json with them, so the tag is free and lab status lists
+    nothing, but the logs that say why stay where the error line says."""
+    tag = f"f{os.getpid()}"[:8]
+
+    def failing_build(lab, *args):
+        (lab.handle.run_dir / "s1.zebra.log").write_text("zebra: cannot bind\n")
+        raise runner.LabError("timed out waiting for zebra on s1")
+
+    monkeypatch.setattr(runner, "_build", failing_build)
+    with pytest.raises(runner.LabError, match="zebra"):
+        runner.up(lab_command.DEFAULT_TOPOLOGY, tmp_path, tag=tag)
+    run_dir = tmp_path / tag
+    assert (run_dir / "s1.zebra.log").read_text() == "zebra: cannot bind\n"
+    assert not (run_dir / netns.STATE_FILE).exists()
+    assert runner.running_labs(tmp_path) == []
+    assert f"logs stay in {run_dir}" in capsys.readouterr().err
+    assert netns.leftover_namespaces(tag) == []

@@ -293,8 +293,8 @@ def up(
         try:
             _build(lab, feed, feed_interval, instance_args)
             interrupted.check()
-        except BaseException:  # an error or Ctrl-C: leave nothing that blocks the tag
-            discard(handle)
+        except BaseException as exc:  # an error or Ctrl-C: leave nothing that blocks the tag
+            discard(handle, keep_logs=not isinstance(exc, KeyboardInterrupt))
             raise
     return lab
 
@@ -378,16 +378,22 @@ def noting_interrupts() -> Iterator[Interrupts]:
         sys.unraisablehook = unraisable
 
 
-def discard(handle: netns.NetnsLab) -> None:
+def discard(handle: netns.NetnsLab, *, keep_logs: bool = False) -> None:
     """Undo a lab that did not finish coming up, as `down` would: its processes, its
     namespaces and its run directory (whose state.json would otherwise keep the tag
-    taken and show the dead lab in `lab status`)."""
+    taken and show the dead lab in `lab status`). With `keep_logs` (a lab that failed,
+    not one interrupted) only state.json goes: the daemons' logs that say why stay, and
+    a line on stderr says where."""
     try:
         handle.teardown()
         if handle.namespaced:
             _remove_unrecorded_namespaces(handle.tag)
     finally:
-        _remove_run_dir(handle.run_dir)
+        if keep_logs:
+            (handle.run_dir / netns.STATE_FILE).unlink(missing_ok=True)
+            print(f"lab: did not come up; its logs stay in {handle.run_dir}", file=sys.stderr)
+        else:
+            _remove_run_dir(handle.run_dir)
 
 
 def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()) -> None:
