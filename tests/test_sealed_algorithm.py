@@ -251,3 +251,14 @@ def test_inspect_with_a_group_key_and_no_trust_shows_it_not_checked(tmp_path):
     assert "AEAD algorithm 200, which this receiver does not implement" in got.detail
     opened = check(wire.encode(security.seal(F.at(1, 43), F.group, bytes(12))), None, 0.0)
     assert opened.status == "not-checked" and opened.advertisement == F.at(1, 43)
+
+
+def test_a_known_code_given_as_a_bare_int_is_known():
+    """A TLV built by hand with the plain integer of a registered code (not the enum
+    member) is the same as the decoded one, so it is known too."""
+    built = wire.SealedCache(1, 7, bytes(12), bytes(20))
+    assert built.has_known_algorithm
+    assert not wire.SealedCache(200, 7, bytes(24), bytes(20)).has_known_algorithm
+    model = wire.CacheModel("m1", 512, 1, 7)
+    assert model.has_known_key_scheme
+    assert not wire.CacheModel("m1", 512, 200, 7).has_known_key_scheme

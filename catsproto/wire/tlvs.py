@@ -179,7 +179,7 @@ class CacheModel(TLV):
     @property
     def has_known_key_scheme(self) -> bool:
         """Whether this codec names the key scheme (else the block keys mean nothing here)."""
-        return isinstance(self.key_scheme, KeyScheme)
+        return int(self.key_scheme) in KeyScheme._value2member_map_  # a bare int too
 
 
 @record
@@ -287,7 +287,7 @@ class SealedCache(TLV):
     @property
     def has_known_algorithm(self) -> bool:
         """Whether this codec names the AEAD (else no key here can open the section)."""
-        return isinstance(self.algorithm, AeadAlgorithm)
+        return int(self.algorithm) in AeadAlgorithm._value2member_map_  # a bare int too
 
     def validate(self) -> None:
         if (
