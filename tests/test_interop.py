@@ -77,6 +77,27 @@ def test_gobgp_config_has_one_neighbor_per_link() -> None:
     assert [n["config"]["peer-as"] for n in doc["neighbors"]] == [65001, 65002]
 
 
+def test_an_update_doc_write_that_fails_is_one_error_not_a_traceback(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The doc passed the check before the run but cannot be written after it (a full
+    or read-only disk): `OutputFileError` naming the option, the file as it was."""
+    import errno
+
+    from catsproto.adapters.output_files import OutputFileError
+
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"a\n{matrix.BEGIN}\nold\n{matrix.END}\nb\n")
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    with pytest.raises(OutputFileError, match=r"--update-doc .*cannot update: Read-only"):
+        matrix.update_doc(doc, "| new |\n")
+    assert "old" in doc.read_text()
+
+
 def test_update_doc_replaces_only_between_markers(tmp_path: Path) -> None:
     doc = tmp_path / "interop.md"
     doc.write_text(f"intro\n{matrix.BEGIN}\nold\n{matrix.END}\noutro\n")

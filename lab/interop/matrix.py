@@ -621,10 +621,14 @@ def update_doc(path: Path, table: str) -> None:
     """Replace the text between the matrix markers in `path` with `table`; a file without
     them raises `OutputFileError` and is left as it was."""
     check_markers("--update-doc", path, BEGIN, END)
-    text = path.read_text(encoding="utf-8")
-    start = text.index(BEGIN) + len(BEGIN)
-    end = text.index(END, start)
-    path.write_text(text[:start] + "\n" + table + text[end:], encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+        start = text.index(BEGIN) + len(BEGIN)
+        end = text.index(END, start)
+        path.write_text(text[:start] + "\n" + table + text[end:], encoding="utf-8")
+    except (OSError, ValueError) as exc:  # changed or unwritable since the check
+        reason = exc.strerror if isinstance(exc, OSError) else "its markers are gone"
+        raise OutputFileError(f"--update-doc {path}: cannot update: {reason or exc}") from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -677,15 +681,24 @@ def run_from_args(args: argparse.Namespace) -> int:
     else:
         print(table)
         print(f"{len(runs)} lab(s) in {seconds:.1f} s")
-        if args.json:
-            _write("--json", args.json, json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        _write("--markdown", args.markdown, table)
+    failed = []  # each output is tried: one that cannot be written does not stop the next
+    writes = [
+        ("--json", args.json, json.dumps(result, indent=1) + "\n"),
+        ("--markdown", args.markdown, table),
+    ]
+    for option, path, text in writes:
+        if path and path != "-":
+            try:
+                _write(option, path, text)
+            except ArgumentError as exc:
+                failed.append(str(exc))
     if args.update_doc:
         try:
             update_doc(Path(args.update_doc), table)
         except OutputFileError as exc:  # the file changed during the run
-            raise ArgumentError(str(exc)) from None
+            failed.append(str(exc))
+    if failed:
+        raise ArgumentError("; ".join(failed))
     return 0
 
 
