@@ -282,6 +282,15 @@ class ServiceTable:
         return mask
 
 
+def _forget_claims(table: ServiceTable, inst: Instance) -> None:
+    """Drop every summary the origin advertised (a restart, a section left sealed, a key
+    scheme this receiver cannot derive): nothing it said of its cache stands."""
+    if inst.tiers:
+        inst.tiers.clear()
+        inst.summaries_changed()
+        table.touch(inst)
+
+
 class RIB:
     """Verified cache state per CS-ID, with freshness by hold time."""
 
@@ -327,9 +336,7 @@ class RIB:
         if inst.epoch_seq != (0, 0) and seq[0] > inst.epoch_seq[0]:
             # The origin restarted: what it said in its old epoch went with it. Its new
             # summaries start again at version 1, and replace the old ones, never merge.
-            inst.tiers.clear()
-            inst.summaries_changed()
-            table.touch(inst)
+            _forget_claims(table, inst)
         inst.epoch_seq = max(inst.epoch_seq, seq)
         sealed = adv.get(SealedCache)
         if sealed is not None:
@@ -342,10 +349,7 @@ class RIB:
                 why = f"unknown sealing algorithm {int(sealed.algorithm)}"
             self.rejected.append(f"{origin.address}: sealed cache section not opened: {why}")
             self.rejected_total += 1
-            if inst.tiers:
-                inst.tiers.clear()
-                inst.summaries_changed()
-                table.touch(inst)
+            _forget_claims(table, inst)
         model = adv.cache_model
         if model is not None and not model.has_known_key_scheme:
             # keys derived in a way this receiver cannot: nothing it says of its cache can
@@ -358,10 +362,7 @@ class RIB:
                 shard = (e.key_lo, e.key_hi)
                 self.rejected.append(f"{origin.address} {e.tier.name.lower()} {shard}: {reason}")
                 self.rejected_total += 1
-            if inst.tiers:
-                inst.tiers.clear()
-                inst.summaries_changed()
-                table.touch(inst)
+            _forget_claims(table, inst)
             outcomes = [(e.tier, (e.key_lo, e.key_hi), f"rejected: {reason}") for e in entries]
             return AcceptResult(inst, outcomes, metrics_updated)
         if model is not None:
