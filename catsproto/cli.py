@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from catsproto import wire
+from catsproto.adapters.cli_args import whole_number
 from catsproto.commands import (
     HEX_INPUT_RULE,
     CommandParser,
@@ -55,16 +56,6 @@ def cmd_encode(args: argparse.Namespace) -> int:
             raise UsageError(f"{where}{exc}") from None
         print((wire.encode_attribute(value, args.type_code) if args.attribute else value).hex())
     return 0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -276,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the trace-driven evaluation")
     p.add_argument(
         "--eval-requests",
-        type=_positive_int,
+        type=whole_number(1),
         default=3000,
         metavar="N",
         help="requests of the trace the evaluation part uses (default 3000, about 20 s)",

@@ -144,8 +144,10 @@ def _interop_dirs() -> set[str]:
         (["--update-doc", "/nonexistent-dir/doc.md"], "--update-doc /nonexistent-dir/doc.md"),
         (["--sizes", "abc"], "--sizes: 'abc' is not a whole number"),
         (["--sizes", "0,70000"], "--sizes: 70000 is outside 0..65535"),
-        (["--jobs", "0"], "--jobs: 0 is not >= 1"),
-        (["--settle", "nan"], "--settle: nan is not a positive, finite number of seconds"),
+        (["--jobs", "0"], "--jobs: must be >= 1, not 0"),
+        (["--jobs", "two"], "--jobs: 'two' is not a whole number"),
+        (["--settle", "nan"], "--settle: must be finite and > 0 seconds, not nan"),
+        (["--settle", "0"], "--settle: must be finite and > 0 seconds, not 0"),
     ],
 )
 def test_bad_options_are_refused_before_any_lab(argv: list[str], says: str) -> None:

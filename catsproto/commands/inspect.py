@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 
 from catsproto import wire
 from catsproto.adapters import pcap
+from catsproto.adapters.cli_args import seconds, whole_number
 from catsproto.commands import UsageError, add_type_code
 
 
@@ -305,28 +305,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if all(_ok(f, verifying) for f in found) and clean else 1
 
 
-def _count(text: str) -> int:
-    """--count: a whole number >= 0 (0: no limit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no limit), not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """--timeout: finite seconds >= 0 (0: no limit)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be finite and >= 0 (0: no limit), not {text}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "inspect",
@@ -351,13 +329,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--netns", metavar="NS", help="network namespace of --follow's interface")
     p.add_argument(
         "--count",
-        type=_count,
+        type=whole_number(0, "no limit"),
         default=0,
         help="stop after this many advertisements (0: no limit)",
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds(zero_means="no limit"),
         default=0.0,
         help="with --follow: stop after this many seconds (0: no limit)",
     )

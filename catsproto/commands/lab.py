@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from catsproto.adapters.cli_args import seconds
 from catsproto.commands import UsageError
 
 LAB_DIR = Path(__file__).resolve().parent.parent.parent / "lab"
@@ -76,18 +76,6 @@ def _one_lab(args: argparse.Namespace) -> Path:
     if len(labs) > 1:
         raise UsageError("several labs are running: " + ", ".join(p.name for p in labs))
     return labs[0]
-
-
-def positive_seconds(text: str) -> float:
-    """--interval, --seconds: a finite number of seconds > 0 (checked while parsing, so
-    nothing starts with a value the instances or the capture would refuse or hang on)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be finite and > 0 seconds, not {text}")
-    return value
 
 
 TAG_PATTERN = re.compile(r"[a-z][a-z0-9]{0,7}")  # veth names are <tag>l<link><side>: 15 at most
@@ -638,7 +626,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
     p.add_argument(
         "--interval",
-        type=positive_seconds,
+        type=seconds(),
         default=2.0,
         help="seconds between the modelled instances' cache updates",
     )
@@ -679,7 +667,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-w", "--write", help="pcap file (default <tag>-<a>-<b>.pcap)")
     p.add_argument(
         "--seconds",
-        type=positive_seconds,
+        type=seconds(),
         default=10.0,
         help="how long to capture (Ctrl-C stops sooner)",
     )
@@ -723,14 +711,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--embedded", action="store_true", help="loopback mode even as root")
     p.add_argument(
         "--interval",
-        type=positive_seconds,
+        type=seconds(),
         default=1.0,
         help="seconds between the modelled instances' cache updates; the demo looks "
         "again 1.5 intervals after the first table",
     )
-    p.add_argument(
-        "--seconds", type=positive_seconds, default=20.0, help="how long to wait for routes"
-    )
+    p.add_argument("--seconds", type=seconds(), default=20.0, help="how long to wait for routes")
     p.add_argument(
         "--capture-dir",
         metavar="DIR",

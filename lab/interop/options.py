@@ -4,7 +4,8 @@ registers them on every start; the matrix itself loads the lab only when it runs
 from __future__ import annotations
 
 import argparse
-import math
+
+from catsproto.adapters.cli_args import seconds, whole_number
 
 MAX_VALUE = 65535
 """The largest attribute value (an extended-length attribute's 16-bit length)."""
@@ -36,28 +37,6 @@ def size_list(text: str) -> list[int]:
     return sizes
 
 
-def job_count(text: str) -> int:
-    """`--jobs`: a whole number of labs, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
-
-
-def settle_seconds(text: str) -> float:
-    """`--settle`: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < math.inf:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{value} is not a positive, finite number of seconds")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--transit",
@@ -83,10 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"also probe the measured limits: {', '.join(map(str, LIMIT_SIZES))}",
     )
-    p.add_argument("--jobs", type=job_count, default=3, help="labs run side by side (default 3)")
+    p.add_argument(
+        "--jobs", type=whole_number(1), default=3, help="labs run side by side (default 3)"
+    )
     p.add_argument(
         "--settle",
-        type=settle_seconds,
+        type=seconds(),
         default=2.0,
         help="seconds without a new arrival at the receiving ExaBGP before a lab is judged",
     )
