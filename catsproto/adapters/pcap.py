@@ -2,9 +2,11 @@
 
 Strategy: three small stages, each testable alone.
 
-1. `segments(source)` reads a pcap/pcapng file (or a live pcap stream from tcpdump) with
-   scapy and yields TCP segments (time, flow, seq, flags, payload). scapy only parses
-   Ethernet/IP/TCP here; it never sees BGP.
+1. `segments(source)` reads a pcap/pcapng file, gzip-compressed or not (or a live pcap
+   stream from tcpdump), with scapy and yields TCP segments (time, flow, seq, flags,
+   payload). scapy only parses Ethernet/IP/TCP here; it never sees BGP, and it reads
+   the file through `pcap_file.WholeRecords`, which frames the records first and says
+   where a capture is cut short or corrupt (scapy would stop there in silence).
 2. `BGPStreams` reassembles each direction of each TCP connection (SYN sets the start;
    retransmissions and overlaps are trimmed; out-of-order segments wait for the gap to
    fill, in a heap by stream offset, so a gap filled by n segments costs O(n log n); at
@@ -26,16 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import io
 import ipaddress
 import logging
-import os
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from catsproto import wire
+from catsproto.adapters.pcap_file import Damage, WholeRecords
 from catsproto.wire.bgp import HEADER_LEN, MARKER, UPDATE, parse_update
 
 MAX_PENDING_BYTES = 1 << 22  # out-of-order data kept per direction before giving up a gap
@@ -91,58 +92,83 @@ def _hostport(host: str, port: int) -> str:
 # ---- stage 1: segments -----------------------------------------------------------------
 
 
-class _Truncation(logging.Filter):
-    """Takes scapy's "packet has been truncated" warning off its logger (it would print
-    unprefixed on stderr) and notes which packet record was cut short instead."""
+class _ReaderWarnings(logging.Filter):
+    """Holds back what scapy's capture reader logs ("WARNING: PcapNg: IDB is too small")
+    until the next packet comes out of it, then lets it through. If none comes because
+    the reader stopped at a block it could not parse, `held` is dropped: our note says
+    that instead of the unprefixed line."""
 
-    def __init__(self, notes: list[str], read: list[int]) -> None:
+    def __init__(self, logger: logging.Logger) -> None:
         super().__init__()
-        self.notes, self.read = notes, read
+        self.logger, self.held, self.releasing = logger, [], False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "truncated" not in record.getMessage():
+        if self.releasing or not record.getMessage().startswith("Pcap"):
             return True
-        self.notes.append(
-            f"truncated: packet record {self.read[0] + 1} is cut short (the file ends inside "
-            "it); what came before it is shown"
-        )
+        self.held.append(record)
+        if len(self.held) >= 64:  # not all about one block the reader stopped at
+            self.release()
         return False
 
+    def release(self) -> None:
+        self.releasing = True
+        try:
+            for record in self.held:
+                self.logger.handle(record)
+        finally:
+            self.held.clear()
+            self.releasing = False
 
-def segments(source: str | Path | IO[bytes], notes: list[str] | None = None) -> Iterator[Segment]:
-    """TCP segments of a pcap or pcapng file, or of a pcap byte stream (tcpdump -w -).
 
-    A file that ends inside a packet record (a capture copied while being written, or
-    cut short) is read up to there, and `notes` gets one line saying so."""
+def segments(
+    source: str | Path | IO[bytes], notes: list[Damage] | None = None
+) -> Iterator[Segment]:
+    """TCP segments of a pcap or pcapng capture (gzip-compressed or not), from a file or a
+    byte stream (tcpdump -w -).
+
+    A capture that ends early (copied while being written, cut short) or goes wrong
+    part way is read up to its last whole record, and `notes` gets one `Damage` saying
+    what and where (see `pcap_file`). Raises `CaptureFileError` for input that is no
+    capture at all, OSError if the file cannot be opened."""
     from scapy.error import log_runtime
     from scapy.layers.inet import IP, TCP
     from scapy.layers.inet6 import IPv6
     from scapy.utils import PcapReader
 
     notes = [] if notes is None else notes
-    read = [0]
-    truncation = _Truncation(notes, read)
-    log_runtime.addFilter(truncation)
+    if isinstance(source, str | Path):
+        raw: IO[bytes] = open(source, "rb")  # noqa: SIM115 (closed below, with the reader)
+        name = str(source)
+    else:
+        raw, name = source, str(getattr(source, "name", "stream"))
     try:
-        reader = PcapReader(str(source) if isinstance(source, str | Path) else source)
-        try:
-            end = _position(reader)  # where the last whole record (or the header) ends
+        records = WholeRecords(raw, name)
+    except BaseException:
+        raw.close()
+        raise
+    warnings = _ReaderWarnings(log_runtime)
+    log_runtime.addFilter(warnings)
+    reader = None
+    try:
+        if not records.empty:  # else the header itself is cut short: nothing for scapy
+            reader = PcapReader(records)
             for pkt in reader:
-                read[0] += 1
-                end = _position(reader)
+                warnings.release()
                 segment = _segment(pkt, IP, TCP, IPv6)
                 if segment is not None:
                     yield segment
-            left = _size(source) - end if end >= 0 else 0
-            if left > 0 and not notes:  # scapy stops silently at a record header cut short
-                notes.append(
-                    f"truncated: the file ends with {left} bytes after packet record "
-                    f"{read[0]} that are not a whole record; what came before them is shown"
-                )
-        finally:
-            reader.close()
+        stopped = records.unread()
+        if stopped is not None:
+            warnings.held.clear()  # what it said about the block it stopped at: ours instead
+        damage = stopped or records.damage
+        if damage is not None:
+            notes.append(damage)
     finally:
-        log_runtime.removeFilter(truncation)
+        warnings.release()
+        log_runtime.removeFilter(warnings)
+        if reader is not None:
+            reader.close()
+        records.close()
 
 
 def _segment(pkt: Any, ip4: Any, tcp_layer: Any, ip6: Any) -> Segment | None:
@@ -167,27 +193,6 @@ def _segment(pkt: Any, ip4: Any, tcp_layer: Any, ip6: Any) -> Segment | None:
     )
 
 
-def _position(reader: Any) -> int:
-    """Where a plain pcap file's reader is; -1 for a stream, a compressed file or pcapng
-    (whose blocks after the last packet, statistics, are no truncation)."""
-    from scapy.utils import RawPcapNgReader
-
-    f = getattr(reader, "f", None)
-    if not isinstance(f, io.BufferedReader) or isinstance(reader, RawPcapNgReader):
-        return -1
-    try:
-        return f.tell()
-    except (OSError, ValueError):
-        return -1
-
-
-def _size(source: str | Path | IO[bytes]) -> int:
-    try:
-        return os.path.getsize(source) if isinstance(source, str | Path) else -1
-    except OSError:
-        return -1
-
-
 # ---- stage 2: reassembly and framing ---------------------------------------------------
 
 
@@ -210,7 +215,7 @@ class BGPStreams:
     def __init__(self) -> None:
         self._flows: dict[Flow, _Direction] = {}
         self.problems: list[StreamProblem] = []
-        self.capture_notes: list[str] = []  # the file itself: truncated (`segments`)
+        self.capture_notes: list[Damage] = []  # the file itself: cut short or corrupt
 
     def feed(self, seg: Segment) -> list[BGPMessage]:
         d = self._flows.get(seg.flow)
@@ -439,7 +444,7 @@ def inspect_capture(
     streams: BGPStreams | None = None,
 ) -> Iterator[Finding]:
     """`findings` of a capture file or stream (problems framing it land in `streams`,
-    a truncated file in `streams.capture_notes`)."""
+    a truncated or corrupt file in `streams.capture_notes`)."""
     notes = streams.capture_notes if streams is not None else None
     return findings(bgp_messages(segments(source, notes), streams), type_code, verify)
 

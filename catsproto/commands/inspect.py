@@ -1,13 +1,14 @@
 """`catsproto inspect`: every cache-state advertisement in a capture, decoded and checked.
 
-Reads a pcap/pcapng file (or follows a live interface inside a lab namespace), rebuilds
-the BGP streams, and lists each route's advertisement with its origin, sequence, tiers
-and block count. With `--trust` each one is verified as a selector would at the moment
-the packet was captured (signature, delegation, scope, freshness, replay, in capture
-order); with `--group-key` sealed cache sections are opened. Malformed attributes are
-listed with the codec's error. Exit status: 0 when everything shown is well-formed
-(and verified, with --trust), 1 otherwise (a truncated capture file too: what precedes
-the cut is shown, and a warning on stderr says where it is), 2 on bad input (a live
+Reads a pcap/pcapng file, gzip-compressed or not (or follows a live interface inside a
+lab namespace), rebuilds the BGP streams, and lists each route's advertisement with its
+origin, sequence, tiers and block count. With `--trust` each one is verified as a
+selector would at the moment the packet was captured (signature, delegation, scope,
+freshness, replay, in capture order); with `--group-key` sealed cache sections are
+opened. Malformed attributes are listed with the codec's error. Exit status: 0 when
+everything shown is well-formed (and verified, with --trust), 1 otherwise (a capture
+file cut short or corrupt too: what precedes the damage is shown, and one line on
+stderr says what and where), 2 on bad input (a file that is no capture at all, a live
 interface or namespace that is not there among it).
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 from catsproto import wire
 from catsproto.adapters import pcap
 from catsproto.adapters.cli_args import seconds, whole_number
+from catsproto.adapters.pcap_file import CaptureFileError
 from catsproto.commands import UsageError, add_type_code
 
 
@@ -223,10 +225,10 @@ def _follow(args: argparse.Namespace, streams: pcap.BGPStreams) -> Iterator[pcap
 
 
 def _no_capture(exc: Exception) -> bool:
-    """scapy's reader given a stream that ended before a whole pcap header."""
+    """A stream that ended before a whole pcap header (ours or scapy's reader says so)."""
     from scapy.error import Scapy_Exception
 
-    return isinstance(exc, EOFError | Scapy_Exception)
+    return isinstance(exc, CaptureFileError | EOFError | Scapy_Exception)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -254,6 +256,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             source: Iterable[pcap.Finding] = list(
                 pcap.inspect_capture(args.capture, args.type_code, args.verify, streams)
             )
+        except CaptureFileError as exc:
+            raise UsageError(f"{args.capture} is {exc}") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.capture}: {exc.strerror or exc}") from None
         except Exception as exc:  # scapy's reader on a file that is not a capture
             if isinstance(exc, UsageError | wire.CodecError):
                 raise
@@ -299,8 +305,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"\n{len(found)} advertisement(s) of attribute type {args.type_code}: {summary}")
         for p in streams.problems:
             print(f"stream problem: {_problem_json(p)['flow']}: {p.reason}", file=sys.stderr)
-    for note in streams.capture_notes:  # whatever the output format: the file is cut short
-        print(f"catsproto inspect: warning: {args.capture}: {note}", file=sys.stderr)
+    where = args.capture if args.capture is not None else f"live capture on {args.follow}"
+    for note in streams.capture_notes:  # whatever the output format: the file is damaged
+        level = "error" if note.kind == "corrupt" else "warning"
+        print(f"catsproto inspect: {level}: {where}: {note}", file=sys.stderr)
     clean = not streams.problems and not streams.capture_notes
     return 0 if all(_ok(f, verifying) for f in found) and clean else 1
 
@@ -309,11 +317,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "inspect",
         help="list the advertisements in a packet capture (or live), decoded and verified",
-        description="Reassemble BGP in a pcap/pcapng capture, decode every path attribute "
-        "of our type code with the codec and, with --trust, verify it for its route at the "
-        "time it was captured. Exit 0 if all are well-formed (and verified), 1 if not.",
+        description="Reassemble BGP in a pcap/pcapng capture (gzip-compressed or not), "
+        "decode every path attribute of our type code with the codec and, with --trust, "
+        "verify it for its route at the time it was captured. Exit 0 if all are well-formed "
+        "(and verified), 1 if not or if the capture is cut short or corrupt (what precedes "
+        "the damage is shown, and stderr says where).",
     )
-    p.add_argument("capture", nargs="?", help="pcap or pcapng file")
+    p.add_argument("capture", nargs="?", help="pcap or pcapng file (gzip-compressed or not)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON document")
     out.add_argument("--jsonl", action="store_true", help="one JSON object per line")
