@@ -79,3 +79,34 @@ def test_an_unknown_key_scheme_keeps_the_metrics_and_drops_the_cache():
     assert str(d.chosen.address) == "10.0.2.1" and d.chosen.cached_blocks == 12
     near = d.runner_up
     assert str(near.address) == "10.0.1.1" and near.cached_blocks == 0 and near.queue_ms > 0
+
+
+def _without_model(adv: wire.Advertisement) -> wire.Advertisement:
+    """The same advertisement with its Cache Model TLV left out (summaries alone)."""
+    kept = tuple(t for t in adv.tlvs if not isinstance(t, wire.CacheModel))
+    return wire.decode(wire.encode(wire.Advertisement(kept)))
+
+
+def test_summaries_without_a_cache_model_are_read_under_the_last_one_announced():
+    """An origin that moves to an unknown key scheme and then sends summaries without a
+    Cache Model: they are in the unknown scheme, so they are refused, not read under the
+    scheme it announced before."""
+    rib = _rib(near_secret=1, far_secret=1)
+    moved = advert("10.0.1.1", 1, [], seq=2, key_scheme=200)
+    rib.accept(wire.decode(wire.encode(moved)), now_ms=1001)
+    later = _without_model(advert("10.0.1.1", 1, [entry(KEYS, version=2)], seq=3))
+    result = rib.accept(later, now_ms=1002)
+    assert [o[2] for o in result.outcomes] == ["rejected: unknown key scheme 200"]
+    assert result.instance.key_scheme == 200 and result.instance.tiers == {}
+    d = _decide(rib, None)
+    assert str(d.chosen.address) == "10.0.2.1" and d.runner_up.cached_blocks == 0
+
+
+def test_summaries_without_a_cache_model_under_a_known_scheme_are_used():
+    rib = _rib(near_secret=1, far_secret=1)
+    later = _without_model(advert("10.0.1.1", 1, [entry(KEYS[:6], version=2)], seq=2))
+    result = rib.accept(later, now_ms=1001)
+    assert len(result.outcomes) == 1 and rib.rejected_total == 0
+    d = _decide(rib, None)
+    near = d.chosen if str(d.chosen.address) == "10.0.1.1" else d.runner_up
+    assert str(near.address) == "10.0.1.1" and near.cached_blocks == 6

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from catsproto import wire
 from catsproto.adapters.steering import RibFeed
 from catsproto.selector import RIB
@@ -117,3 +119,20 @@ def test_a_late_starting_feed_dates_routes_by_when_they_were_received(tmp_path) 
     assert feed2.apply(rib_doc(ahead), hour_ms)
     (inst2,) = feed2.rib.services[CS_ID].instances
     assert inst2 is not None and inst2.heard_ms == hour_ms
+
+
+def test_a_restart_is_seen_after_a_first_advertisement_at_epoch_zero_sequence_zero() -> None:
+    """(0, 0) is a real first (epoch, sequence), not "nothing heard yet": a later epoch
+    still replaces what was said in it."""
+    from tests.selector_fixtures import advert, entry
+
+    rib = RIB()
+    first = advert("10.0.1.1", 1, [entry([1, 2, 3], version=7)], seq=0, epoch=0)
+    rib.accept(wire.decode(wire.encode(first)), 1_000)
+    restarted = advert("10.0.1.1", 1, [entry([42], version=1)], seq=0, epoch=1, ts=2_000)
+    outcomes = rib.accept(wire.decode(wire.encode(restarted)), 2_000).outcomes
+    assert [o for _, _, o in outcomes] != [Outcome.OLD.value]
+    (inst,) = rib.services[7].live()
+    assert inst.epoch_seq == (1, 0)
+    held = inst.lookup(np.asarray([1, 42], dtype=np.uint64))
+    assert held[0] == 0 and held[1] != 0  # the old epoch's key is gone, the new one held

@@ -27,11 +27,20 @@ import numpy as np
 
 from catsproto.summary import Summary, SummaryReceiver
 from catsproto.summary.versioning import Outcome
-from catsproto.wire import Advertisement, CodecError, L0MetricType, SealedCache, Tier
+from catsproto.wire import (
+    Advertisement,
+    CacheModel,
+    CodecError,
+    KeyScheme,
+    L0MetricType,
+    SealedCache,
+    Tier,
+)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_HOLD_TIME_MS = 90_000  # like BGP's default hold time: 3 missed 30 s refreshes
 DEFAULT_PREFILL_TPS = 10_000.0  # tokens/s assumed until an instance advertises its rate
+NOT_HEARD = (-1, -1)  # an Instance's (epoch, sequence) before anything was accepted
 REJECTED_KEPT = 256  # messages of unusable summary entries kept (a long-lived daemon)
 
 
@@ -96,7 +105,7 @@ class Instance:
     cs_id: int
     address: IPAddress
     site_id: int
-    epoch_seq: tuple[int, int] = (0, 0)
+    epoch_seq: tuple[int, int] = NOT_HEARD  # (epoch, sequence) of the newest accepted
     metrics_ms: int = -1  # timestamp of the advertisement the metrics came from
     metrics_seq: tuple[int, int] = (0, 0)  # and its (epoch, sequence)
     heard_ms: int = 0  # when the RIB last accepted anything from it
@@ -282,6 +291,19 @@ class ServiceTable:
         return mask
 
 
+def _record_model(table: ServiceTable, inst: Instance, model: CacheModel) -> None:
+    """Take the origin's Cache Model: what its block keys mean from now on."""
+    resized = model.block_size != inst.block_size
+    space = (model.model_id, int(model.key_scheme), model.secret_id)
+    if space != (inst.model_id, inst.key_scheme, inst.secret_id):
+        table.key_space_version += 1
+    inst.block_size, inst.model_id = model.block_size, model.model_id
+    inst.key_scheme, inst.secret_id = int(model.key_scheme), model.secret_id
+    table.block_size[inst.slot] = model.block_size
+    if resized:  # what the selector remembers of a holder's prefix is in blocks
+        table.touch(inst)
+
+
 def _forget_claims(table: ServiceTable, inst: Instance) -> None:
     """Drop every summary the origin advertised (a restart, a section left sealed, a key
     scheme this receiver cannot derive): nothing it said of its cache stands."""
@@ -321,7 +343,8 @@ class RIB:
         table = self.table(origin.cs_id)
         inst = table.slot_for(origin.address, origin.site_id)
         seq = (adv.sequence.epoch, adv.sequence.sequence)
-        if inst.epoch_seq != (0, 0) and seq[0] < inst.epoch_seq[0]:
+        heard = inst.epoch_seq != NOT_HEARD  # (0, 0) is a real first (epoch, sequence)
+        if heard and seq[0] < inst.epoch_seq[0]:
             # from before the origin's restart, on a route that has not carried the new
             # epoch yet (a late copy, a stale route of the crashed process): what it
             # says is gone with that process, and it must not hold back the new epoch
@@ -333,7 +356,7 @@ class RIB:
             return AcceptResult(inst, old, False)
         inst.heard_ms = max(inst.heard_ms, now_ms)
         table.heard_ms[inst.slot] = inst.heard_ms
-        if inst.epoch_seq != (0, 0) and seq[0] > inst.epoch_seq[0]:
+        if heard and seq[0] > inst.epoch_seq[0]:
             # The origin restarted: what it said in its old epoch went with it. Its new
             # summaries start again at version 1, and replace the old ones, never merge.
             _forget_claims(table, inst)
@@ -351,30 +374,12 @@ class RIB:
             self.rejected_total += 1
             _forget_claims(table, inst)
         model = adv.cache_model
-        if model is not None and not model.has_known_key_scheme:
-            # keys derived in a way this receiver cannot: nothing it says of its cache can
-            # match a key computed here. Metrics count; every summary entry is refused and
-            # what the origin said of its cache before goes (its keys changed meaning).
-            metrics_updated = self._metrics(table, inst, adv)
-            entries = adv.cache_summaries.entries if adv.cache_summaries else ()
-            reason = f"unknown key scheme {int(model.key_scheme)}"
-            for e in entries:
-                shard = (e.key_lo, e.key_hi)
-                self.rejected.append(f"{origin.address} {e.tier.name.lower()} {shard}: {reason}")
-                self.rejected_total += 1
-            _forget_claims(table, inst)
-            outcomes = [(e.tier, (e.key_lo, e.key_hi), f"rejected: {reason}") for e in entries]
-            return AcceptResult(inst, outcomes, metrics_updated)
         if model is not None:
-            resized = model.block_size != inst.block_size
-            space = (model.model_id, int(model.key_scheme), model.secret_id)
-            if space != (inst.model_id, inst.key_scheme, inst.secret_id):
-                table.key_space_version += 1
-            inst.block_size, inst.model_id = model.block_size, model.model_id
-            inst.key_scheme, inst.secret_id = int(model.key_scheme), model.secret_id
-            table.block_size[inst.slot] = model.block_size
-            if resized:  # what the selector remembers of a holder's prefix is in blocks
-                table.touch(inst)
+            # recorded even when its scheme is unknown, so that summaries sent later
+            # without a Cache Model are read under it, not under the scheme used before
+            _record_model(table, inst, model)
+        if inst.key_scheme and inst.key_scheme not in KeyScheme._value2member_map_:
+            return self._unknown_scheme(table, inst, adv)
         metrics_updated = self._metrics(table, inst, adv)
         outcomes = []
         changed = False
@@ -457,6 +462,25 @@ class RIB:
             inst.summaries_changed()
             table.touch(inst)
         return gone
+
+    def _unknown_scheme(
+        self, table: ServiceTable, inst: Instance, adv: Advertisement
+    ) -> AcceptResult:
+        """The origin's keys are derived in a way this receiver cannot (the scheme of its
+        Cache Model, in this advertisement or the last one that carried one): nothing it
+        says of its cache can match a key computed here. Metrics count; every summary
+        entry is refused and what it said of its cache before goes (its keys changed
+        meaning)."""
+        metrics_updated = self._metrics(table, inst, adv)
+        entries = adv.cache_summaries.entries if adv.cache_summaries else ()
+        reason = f"unknown key scheme {inst.key_scheme}"
+        for e in entries:
+            shard = (e.key_lo, e.key_hi)
+            self.rejected.append(f"{adv.origin.address} {e.tier.name.lower()} {shard}: {reason}")
+            self.rejected_total += 1
+        _forget_claims(table, inst)
+        outcomes = [(e.tier, (e.key_lo, e.key_hi), f"rejected: {reason}") for e in entries]
+        return AcceptResult(inst, outcomes, metrics_updated)
 
     def _metrics(self, table: ServiceTable, inst: Instance, adv: Advertisement) -> bool:
         l0 = adv.metrics_l0
