@@ -58,15 +58,6 @@ def test_a_section_under_a_key_not_held_is_accepted_unopened_and_counted():
     assert receiver.counters.unheld_group_key == 2
 
 
-def test_a_held_key_is_opened_and_not_counted():
-    value = _signed(security.seal(F.at(1, 43), F.group, bytes(12)))
-    verdict, receiver = Receiver(F.trust, group_keys=F.group).receive(value, NLRI, NOW_MS)
-    assert verdict.ok and verdict.detail == "accepted" and verdict.unheld_group_key is None
-    assert verdict.advertisement.cache_summaries == F.at(1, 43).cache_summaries
-    assert receiver.counters.unheld_group_key == 0
-    assert "unheld_group_key" not in verdict.to_json()
-
-
 def test_a_held_key_that_does_not_authenticate_is_still_refused():
     """Key id 7 named and held, but the section was sealed with another secret: damage or
     a signer without the group key, not a rollover."""

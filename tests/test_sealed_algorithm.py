@@ -134,9 +134,10 @@ def test_a_known_algorithm_is_still_opened_and_not_counted():
     value = _signed(security.seal(F.at(1, 43), F.group, bytes(12)))
     verdict, receiver = Receiver(F.trust, group_keys=F.group).receive(value, NLRI, NOW_MS)
     assert verdict.ok and verdict.detail == "accepted" and verdict.unknown_algorithm is None
+    assert verdict.unheld_group_key is None  # key 7 is held (tests/test_group_key_rollover.py)
     assert verdict.advertisement.cache_summaries == F.at(1, 43).cache_summaries
-    assert receiver.counters.unknown_algorithm == 0
-    assert "unknown_sealing_algorithm" not in verdict.to_json()
+    assert receiver.counters.unknown_algorithm == 0 and receiver.counters.unheld_group_key == 0
+    assert not {"unknown_sealing_algorithm", "unheld_group_key"} & verdict.to_json().keys()
 
 
 def test_the_signature_covers_the_sealed_octets_of_an_unknown_algorithm():
