@@ -114,8 +114,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("which topology? e.g. `lab up cats4` or `lab up --topology X.clab.yml`")
     path = _topology_path(text)
     started = time.monotonic()
+    embedded_mode = args.embedded or not _can_netns()
+    if args.seal and embedded_mode:
+        raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     try:
-        if args.embedded or not _can_netns():
+        if embedded_mode:
             root = _root(args) if args.root else LOOPBACK_ROOT
             lab = embedded.up(path, root, tag=_new_tag(args, root))
             if not args.no_feed:
@@ -132,11 +135,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                 feed=not args.no_feed,
                 feed_interval=args.interval,
                 tag=_new_tag(args, root),
+                seal=args.seal,
             )
     except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
         raise UsageError(f"{path.name}: {exc}") from None
     mode = lab.handle.state.info.get("mode", "netns")
-    print(f"lab {lab.tag} ({lab.topology.name}, {mode}) up in {time.monotonic() - started:.2f}s")
+    sealed = ", sealed" if lab.handle.state.info.get("sealed") else ""
+    print(
+        f"lab {lab.tag} ({lab.topology.name}, {mode}{sealed}) up in "
+        f"{time.monotonic() - started:.2f}s"
+    )
     print(f"run directory: {lab.run_dir}")
     running = running_nodes(lab)
     for name in running:
@@ -624,6 +632,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", dest="topology_option", metavar="TOPOLOGY", help="the same")
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
+    p.add_argument(
+        "--seal",
+        action="store_true",
+        help="the instances seal their cache sections (ChaCha20-Poly1305 under the lab's "
+        "group key, written 0600 to each receiving node's group.key); the receivers open "
+        "them, transits and captures see only ciphertext (namespaced lab only)",
+    )
     p.add_argument(
         "--interval",
         type=seconds(),
