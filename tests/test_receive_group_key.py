@@ -17,10 +17,12 @@ import pytest
 from catsproto import security, wire
 from catsproto.adapters import exabgp_receive as rx
 from catsproto.adapters.steering import Forwarder, SteeringService
-from catsproto.lab import instances
+from catsproto.lab import instances, view
 from catsproto.lab.steering import rib_from_receiver
+from catsproto.lab.topology import load
 from catsproto.security import GroupKey, GroupKeyring
 from catsproto.security.vectors import NLRI, NOW_MS, fixture, seed
+from tests.lab_helpers import CATS4
 from tests.test_robust_receiver import _announce, trust_for_now
 from tests.test_steering import NEXT_HOPS, _config, _rib_json
 
@@ -203,3 +205,16 @@ def test_the_lab_selector_reads_the_opened_value():
             for i in rib.services[100].live()
         }
         assert (claims["10.103.0.11"] > 0) == bool(cached), claims
+
+
+def test_lab_status_counts_the_blocks_of_the_opened_value():
+    topo = load(CATS4)
+    clear = wire.encode(F.at(1, 43))
+    value = wire.encode(security.seal(F.at(1, 43), F.group, bytes(12)))
+    route = {"origin": "192.0.2.11", "site_id": 1, "sequence": 43, "bytes": len(value)}
+    route |= {"peer": "10.0.11.2", "as_path": [65001], "verified": True, "value": value.hex()}
+    blocks = sum(e.entry_count for e in F.at(1, 43).cache_summaries.entries)
+    assert blocks > 0
+    (sealed_row,) = view.origin_rows({"routes": [route]}, topo)
+    (opened_row,) = view.origin_rows({"routes": [{**route, "opened_value": clear.hex()}]}, topo)
+    assert sealed_row[5] == "0" and opened_row[5] == str(blocks)
