@@ -130,7 +130,7 @@ def test_bad_group_key_arguments_are_refused(tmp_path):
         (["--group-key", str(key)], "needs --trust or --trust-when-present"),
         (["--trust", str(trust), "--group-key", str(tmp_path / "none")], "cannot read it"),
         (["--trust", str(trust), "--group-key", str(trust)], "not a group key file"),
-        (["--trust", str(trust)] + ["--group-key", str(key)] * 3, "at most two files"),
+        (["--trust", str(trust)] + ["--group-key", str(key)] * 3, "one or two group keys"),
         (["--trust", str(trust)] + ["--group-key", str(key)] * 2, "share id 7"),
     ]
     for extra, message in cases:

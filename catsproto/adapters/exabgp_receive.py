@@ -206,14 +206,15 @@ class Verification:
     """A verifier's answer: keep the state or not, and whether a signature vouched for it.
 
     opened: the value with its sealed cache section opened (the verifier holds the group
-    key), encoded, its Signature TLV kept, or None. note: what the verifier left unread
-    of an accepted value (a sealed section under a group key it does not hold)."""
+    key), encoded, its Signature TLV kept, or None. unheld_group_key: the key id of an
+    accepted value's sealed section that the verifier holds group keys but not this one
+    for (left unopened)."""
 
     accepted: bool
     verified: bool
     reason: str = ""
     opened: bytes | None = None
-    note: str = ""
+    unheld_group_key: int | None = None
 
 
 UNVERIFIED = Verification(True, False, "no trust configured")
@@ -351,8 +352,7 @@ class TrustFileVerifier:
         if verdict.reason not in (Reason.OK, Reason.DUPLICATE):
             return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
         if verdict.unheld_group_key is not None:
-            note = f"sealed cache section not opened: group key {verdict.unheld_group_key}"
-            return Verification(True, True, note=f"{note} is not held")
+            return Verification(True, True, unheld_group_key=verdict.unheld_group_key)
         opened = verdict.advertisement
         if (
             self.group_keys is None
@@ -559,7 +559,7 @@ class CacheRib:
             and had.verified == entry.verified
         )
         self.entries[key] = entry
-        note = check.note
+        note = ""
         sealed = adv.get(wire.SealedCache)
         if sealed is not None and not sealed.has_known_algorithm:
             self.counters["unknown_sealing_algorithm"] += 1
@@ -567,8 +567,10 @@ class CacheRib:
         elif check.opened is not None:
             self.counters["sealed_opened"] += 1
             note = "sealed cache section opened"
-        elif note:
+        elif check.unheld_group_key is not None:
             self.counters["unheld_group_key"] += 1
+            key_id = check.unheld_group_key
+            note = f"sealed cache section not opened: group key {key_id} is not held"
         return [Change("accept", event.peer, event.prefix, entry, note, unchanged)]
 
     def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
@@ -745,8 +747,6 @@ def _group_keys(p: argparse.ArgumentParser, paths: list[str]) -> Any:
     """The keyring of `--group-key` files (the first active, a second standby)."""
     from catsproto import security
 
-    if len(paths) > 2:
-        p.error("--group-key: at most two files (the active and a standby key)")
     keys = []
     for path in paths:
         try:
@@ -756,7 +756,7 @@ def _group_keys(p: argparse.ArgumentParser, paths: list[str]) -> Any:
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             p.error(f"--group-key {path}: not a group key file: {exc}")
     try:
-        return security.GroupKeyring(keys[0], keys[1] if len(keys) > 1 else None)
+        return security.GroupKeyring.of(keys)
     except ValueError as exc:
         p.error(f"--group-key: {exc}")
 
