@@ -174,6 +174,15 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         36,
     ),
     (
+        # ChaCha20-Poly1305's 16-octet tag and one TLV header: 20 octets at least; a rule
+        # of algorithm 1 only (an unknown algorithm's ciphertext may be shorter)
+        "sealed-ciphertext-short",
+        HEADER + " 0024 0025 01 00000007 0c " + "5a" * 12 + " " + "c3" * 19,
+        wire.BadLengthError,
+        55,
+        36,
+    ),
+    (
         # 0 is reserved; an unknown code 1-255 is well formed (the sealed-algorithm-unknown
         # example): the section is left unopened, not the attribute refused
         "sealed-algorithm-zero",

@@ -71,3 +71,23 @@ def test_a_missing_tcpdump_is_a_usage_error_not_a_traceback(monkeypatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     with pytest.raises(UsageError, match="cannot run tcpdump"):
         lab_command.Tcpdump(tmp_path / "x.pcap", "lo", "tcp port 179")
+
+
+def test_a_sealed_demo_keeps_the_group_key_private_beside_the_capture(tmp_path, capsys):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    trust, key = tmp_path / "trust-src.json", tmp_path / "group-src.key"
+    trust.write_text('{"operators": []}')
+    key.write_text('{"format": "catsproto-group-key/1"}')
+    victim = tmp_path / "victim"
+    victim.write_text("ORIGINAL")
+    (keep / "group.key").symlink_to(victim)
+    capture = lab_command.DemoCapture(_Stopped(keep / "e1-bgp.pcap"), trust, keep, key)  # type: ignore[arg-type]
+    capture.finish()
+    kept = keep / "group.key"
+    assert victim.read_text() == "ORIGINAL" and not kept.is_symlink()
+    assert kept.read_text() == key.read_text() and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert stat.S_IMODE((keep / "trust.json").stat().st_mode) == 0o644
+    out = capsys.readouterr().out
+    assert f"--group-key {kept}" in out and "sealed" in out
+    assert sorted(p.name for p in keep.iterdir()) == ["group.key", "trust.json"]

@@ -257,37 +257,6 @@ def test_the_rib_keeps_the_latest_rejections_and_counts_them_all():
     assert all("200" in line for line in rib.rejected)
 
 
-def test_the_rib_reads_l0_entries_as_the_draft_says():
-    """CATS Metric Levels: entries are picked by Metric Type alone (any Unit, Statistic,
-    Source), the last of a type wins (for prefill-throughput the last above zero),
-    negative counts become zero, and the ttft entry moves nothing."""
-    from catsproto.examples import examples
-    from catsproto.selector.rib import RIB
-
-    M, S, U, Src = wire.L0MetricType, wire.Statistic, wire.Unit, wire.Source
-    base = next(e for e in examples() if e.name == "minimal-ipv4").advertisement
-
-    def accepted(*metrics: wire.L0Metric):
-        adv = wire.decode(wire.encode(base.replace(wire.MetricsL0(metrics))))  # canonical
-        return RIB().accept(adv, adv.timestamp_ms).instance
-
-    inst = accepted(
-        wire.L0Metric(M.WAITING_REQUESTS, U.PERCENT, S.MEAN, Src.NOMINAL, -3.0),
-        wire.L0Metric(M.PREFILL_THROUGHPUT, U.COUNT, S.CURRENT, Src.MEASURED, 2000.0),
-        wire.L0Metric(M.PREFILL_THROUGHPUT, U.MILLISECONDS, S.P99, Src.ESTIMATED, 3000.0),
-        wire.L0Metric(M.PREFILL_THROUGHPUT, U.COUNT, S.P99, Src.AGGREGATED, 0.0),
-        wire.L0Metric(M.TTFT, U.MILLISECONDS, S.CURRENT, Src.ESTIMATED, 9e6),
-        wire.L0Metric(M.OUTSTANDING_PREFILL_TOKENS, U.COUNT, S.CURRENT, Src.MEASURED, 500.0),
-        wire.L0Metric(M.OUTSTANDING_PREFILL_TOKENS, U.COUNT, S.MEAN, Src.MEASURED, 700.0),
-    )
-    assert (inst.prefill_tps, inst.backlog_tokens, inst.waiting) == (3000.0, 700.0, 0.0)
-    plain = accepted(
-        wire.L0Metric(M.PREFILL_THROUGHPUT, U.COUNT, S.CURRENT, Src.MEASURED, 3000.0),
-        wire.L0Metric(M.OUTSTANDING_PREFILL_TOKENS, U.COUNT, S.CURRENT, Src.MEASURED, 700.0),
-    )
-    assert (plain.prefill_tps, plain.backlog_tokens) == (inst.prefill_tps, inst.backlog_tokens)
-
-
 _COUNTS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 
 

@@ -496,6 +496,8 @@ def test_receiver_process_survives_bad_trust_files_and_bad_json(tmp_path):
             "malformed": 1,
             "not_verified": 1,
             "unknown_sealing_algorithm": 0,
+            "sealed_opened": 0,
+            "unheld_group_key": 0,
         }
         assert snapshot["trust"]["reload_failures"] == 3 and snapshot["trust"]["loads"] == 1
         assert [(r["prefix"], r["sequence"]) for r in snapshot["routes"]] == [(str(NLRI), 5)]

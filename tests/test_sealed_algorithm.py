@@ -76,6 +76,33 @@ def test_algorithm_one_is_named_keeps_its_nonce_rule_and_zero_is_malformed():
     assert wire.SealedCache(9, 7, b"\x01", CIPHERTEXT).algorithm == 9  # any nonce length
 
 
+def test_the_twenty_octet_ciphertext_minimum_is_algorithm_ones_alone():
+    """Algorithm 1's tag and one TLV header; another AEAD may have a shorter output."""
+
+    def tlv(algorithm: int, ciphertext: bytes) -> bytes:
+        value = bytes([algorithm]) + (7).to_bytes(4, "big") + bytes([12]) + bytes(12)
+        value += ciphertext
+        return (36).to_bytes(2, "big") + len(value).to_bytes(2, "big") + value
+
+    assert wire.decode(HEADER + tlv(1, bytes(20))).get(wire.SealedCache) is not None
+    with pytest.raises(wire.BadLengthError) as raised:
+        wire.decode(HEADER + tlv(1, bytes(19)))
+    assert str(raised.value) == (
+        "sealed-cache TLV at offset 55: ChaCha20-Poly1305 ciphertext is 19 bytes, fewer than "
+        "20 (the 16-byte tag and a TLV header)"
+    )
+    with pytest.raises(wire.BadLengthError):
+        wire.decode_from(wire.Reader(HEADER + tlv(1, bytes(19))))  # the reference decoder
+    with pytest.raises(wire.BadLengthError):
+        wire.SealedCache(1, 7, bytes(12), bytes(19))
+    for short in (b"\x01", bytes(8), bytes(19)):
+        data = HEADER + tlv(200, short)
+        adv = wire.decode(data)
+        assert adv.get(wire.SealedCache).ciphertext == short and wire.encode(adv) == data
+    with pytest.raises(wire.BadLengthError):  # some ciphertext, whatever the algorithm
+        wire.decode(HEADER + tlv(200, b""))
+
+
 # ---- security ---------------------------------------------------------------------------
 
 
@@ -107,9 +134,10 @@ def test_a_known_algorithm_is_still_opened_and_not_counted():
     value = _signed(security.seal(F.at(1, 43), F.group, bytes(12)))
     verdict, receiver = Receiver(F.trust, group_keys=F.group).receive(value, NLRI, NOW_MS)
     assert verdict.ok and verdict.detail == "accepted" and verdict.unknown_algorithm is None
+    assert verdict.unheld_group_key is None  # key 7 is held (tests/test_group_key_rollover.py)
     assert verdict.advertisement.cache_summaries == F.at(1, 43).cache_summaries
-    assert receiver.counters.unknown_algorithm == 0
-    assert "unknown_sealing_algorithm" not in verdict.to_json()
+    assert receiver.counters.unknown_algorithm == 0 and receiver.counters.unheld_group_key == 0
+    assert not {"unknown_sealing_algorithm", "unheld_group_key"} & verdict.to_json().keys()
 
 
 def test_the_signature_covers_the_sealed_octets_of_an_unknown_algorithm():

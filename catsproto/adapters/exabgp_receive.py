@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import os
 import re
 import select
 import sys
@@ -202,22 +203,34 @@ def as_path_of(attributes: dict[str, Any]) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Verification:
-    """A verifier's answer: keep the state or not, and whether a signature vouched for it."""
+    """A verifier's answer: keep the state or not, and whether a signature vouched for it.
+
+    opened: the value with its sealed cache section opened (the verifier holds the group
+    key), encoded, its Signature TLV kept, or None. unheld_group_key: the key id of an
+    accepted value's sealed section that the verifier holds group keys but not this one
+    for (left unopened)."""
 
     accepted: bool
     verified: bool
     reason: str = ""
+    opened: bytes | None = None
+    unheld_group_key: int | None = None
 
 
 UNVERIFIED = Verification(True, False, "no trust configured")
 # unknown_sealing_algorithm: accepted values whose Sealed Cache TLV names an AEAD this
-# code lacks (kept, metrics used, the section unopened: not malformed)
+# code lacks (kept, metrics used, the section unopened: not malformed); sealed_opened:
+# accepted values whose sealed section the receiver opened (`--group-key`);
+# unheld_group_key: accepted values sealed under a group key id it does not hold
+# (kept, metrics used, the section unopened: a rollover that has not reached it)
 COUNTERS = (
     "unparsed_messages",
     "unusable_routes",
     "malformed",
     "not_verified",
     "unknown_sealing_algorithm",
+    "sealed_opened",
+    "unheld_group_key",
 )
 
 
@@ -249,6 +262,8 @@ class TrustFileVerifier:
     `catsproto.security.Receiver`'s; a re-sent identical advertisement (BGP does that)
     stays accepted. `attribute_type` is the type code the values arrive in: it is part
     of every signed message, so it must be the one `run` looks the attribute up by.
+    `group_keys` (a `security.GroupKeyring`): sealed cache sections under those keys are
+    opened once verified, and the opened value handed on (`Verification.opened`).
     """
 
     def __init__(
@@ -259,10 +274,12 @@ class TrustFileVerifier:
         optional: bool = False,
         log: Callable[[str], None] = _stderr,
         attribute_type: int = DEFAULT_ATTRIBUTE_TYPE,
+        group_keys: Any = None,
     ) -> None:
         from catsproto import security
 
         self.policy = security.Policy(attribute_type=attribute_type)
+        self.group_keys = group_keys
         self.path = Path(path)
         self.clock = clock
         self.optional = optional
@@ -308,7 +325,9 @@ class TrustFileVerifier:
             self._failed(stamp, f"does not load: {exc}")
         else:
             if self._receiver is None:
-                self._receiver = security.Receiver(store, policy=self.policy)
+                self._receiver = security.Receiver(
+                    store, policy=self.policy, group_keys=self.group_keys
+                )
             else:
                 self._receiver = self._receiver.reloaded(store, self._loaded)
             self._stamp, self._loaded, self.error = stamp, store, ""
@@ -330,9 +349,19 @@ class TrustFileVerifier:
             receiver = receiver.expire(now_ms)
             self._expired_ms = now_ms
         verdict, self._receiver = receiver.receive(value, prefix, now_ms, decoded=adv)
-        if verdict.reason in (Reason.OK, Reason.DUPLICATE):
+        if verdict.reason not in (Reason.OK, Reason.DUPLICATE):
+            return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
+        if verdict.unheld_group_key is not None:
+            return Verification(True, True, unheld_group_key=verdict.unheld_group_key)
+        opened = verdict.advertisement
+        if (
+            self.group_keys is None
+            or adv.get(wire.SealedCache) is None
+            or opened is None
+            or opened.get(wire.SealedCache) is not None  # an algorithm this code lacks
+        ):
             return Verification(True, True)
-        return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
+        return Verification(True, True, opened=wire.encode(opened))
 
     def status(self) -> dict[str, Any]:
         """For the snapshot: what the trust file gives now, and the tallies."""
@@ -369,10 +398,14 @@ class Entry:
     verified: bool
     received_at: float
     as_path: tuple[int, ...] = ()
+    # the value with its sealed cache section opened (the receiver holds the group key);
+    # a C-PS beside it reads this instead of `value`. Its Signature TLV names the signer
+    # the receiver verified, over the sealed octets of `value`, not over these
+    opened_value: bytes | None = None
 
     def to_json(self) -> dict[str, Any]:
         adv = self.advertisement
-        return {
+        out = {
             "peer": self.peer,
             "prefix": str(self.prefix),
             "origin": str(adv.origin.address),
@@ -388,6 +421,9 @@ class Entry:
             "verified": self.verified,
             "received_at": self.received_at,
         }
+        if self.opened_value is not None:
+            out["opened_value"] = self.opened_value.hex()
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,6 +447,7 @@ class Change:
             out["entry"] = self.entry.to_json()
             if self.unchanged:
                 del out["entry"]["value"]
+                out["entry"].pop("opened_value", None)
                 out["unchanged"] = True
         if self.reason:
             out["reason"] = self.reason
@@ -511,6 +548,7 @@ class CacheRib:
             check.verified,
             now,
             event.as_path,
+            check.opened,
         )
         had = self.entries.get(key)
         unchanged = (
@@ -526,6 +564,13 @@ class CacheRib:
         if sealed is not None and not sealed.has_known_algorithm:
             self.counters["unknown_sealing_algorithm"] += 1
             note = f"sealed cache section not opened: unknown sealing algorithm {sealed.algorithm}"
+        elif check.opened is not None:
+            self.counters["sealed_opened"] += 1
+            note = "sealed cache section opened"
+        elif check.unheld_group_key is not None:
+            self.counters["unheld_group_key"] += 1
+            key_id = check.unheld_group_key
+            note = f"sealed cache section not opened: group key {key_id} is not held"
         return [Change("accept", event.peer, event.prefix, entry, note, unchanged)]
 
     def _refuse(self, key: tuple[str, Prefix], reason: str) -> list[Change]:
@@ -609,6 +654,7 @@ class FileSink:
         *,
         coalesce: bool = False,
         events_max_bytes: int = EVENTS_MAX_BYTES,
+        private: bool = False,
     ) -> None:
         if events_max_bytes <= 0:
             raise ValueError(f"events_max_bytes {events_max_bytes} is not above 0")
@@ -619,7 +665,9 @@ class FileSink:
         self.dirty = False
         self.events_max_bytes = events_max_bytes
         self.events_path = self.dir / "events.jsonl"
-        self.events: IO[str] = open(self.events_path, "a")  # noqa: SIM115
+        # private: the files hold opened cache state, for the owner's eyes only
+        self.private = private
+        self.events = self._open_events()
         self._events_bytes = self.events_path.stat().st_size
         self.rotations = 0
         self._counted: dict[str, int] = {}
@@ -643,9 +691,20 @@ class FileSink:
         """events.jsonl becomes events.jsonl.1 (the older one goes); start a new one."""
         self.events.close()
         self.events_path.replace(self.dir / "events.jsonl.1")
-        self.events = open(self.events_path, "a")  # noqa: SIM115
+        self.events = self._open_events()
         self._events_bytes = 0
         self.rotations += 1
+
+    def _create(self, path: Path, flags: int) -> int:
+        """A descriptor of `path`, mode 0600 when private (also a file already there),
+        else as the umask makes it."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600 if self.private else 0o666)
+        if self.private:
+            os.fchmod(fd, 0o600)
+        return fd
+
+    def _open_events(self) -> IO[str]:
+        return os.fdopen(self._create(self.events_path, os.O_APPEND), "a")
 
     def flush(self) -> None:
         """Write the snapshot if a change (or a count, e.g. a message that did not parse)
@@ -657,7 +716,8 @@ class FileSink:
     def write_snapshot(self) -> None:
         self._counted = dict(self.rib.counters)
         tmp = self.dir / "rib.json.tmp"
-        tmp.write_text(json.dumps(self.rib.to_json(), indent=1))
+        with os.fdopen(self._create(tmp, os.O_TRUNC), "w") as out:
+            out.write(json.dumps(self.rib.to_json(), indent=1))
         tmp.replace(self.dir / "rib.json")
 
 
@@ -681,6 +741,24 @@ def _tee(lines: Iterable[str], path: Path) -> Iterable[str]:
             raw.write(line)
             raw.flush()
             yield line
+
+
+def _group_keys(p: argparse.ArgumentParser, paths: list[str]) -> Any:
+    """The keyring of `--group-key` files (the first active, a second standby)."""
+    from catsproto import security
+
+    keys = []
+    for path in paths:
+        try:
+            keys.append(security.GroupKey.from_json(json.loads(Path(path).read_bytes())))
+        except OSError as exc:
+            p.error(f"--group-key {path}: cannot read it: {exc.strerror}")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            p.error(f"--group-key {path}: not a group key file: {exc}")
+    try:
+        return security.GroupKeyring.of(keys)
+    except ValueError as exc:
+        p.error(f"--group-key: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -714,6 +792,16 @@ def main(argv: list[str] | None = None) -> int:
         help="lab only: like --trust, but while the file does not exist values are "
         "accepted unverified",
     )
+    p.add_argument(
+        "--group-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="group key file (`catsproto keygen --group ID`): verified sealed cache "
+        "sections under it are opened and rib.json gives each route's opened_value; "
+        "twice for the active and a standby key during a rotation; needs --trust or "
+        "--trust-when-present; rib.json and events.jsonl are then written mode 0600",
+    )
     p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
     p.add_argument(
         "--graceful-restart",
@@ -726,18 +814,30 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.events_max_bytes <= 0:
         p.error(f"--events-max-bytes {args.events_max_bytes}: give a size above 0")
+    keyring = None
+    if args.group_key:
+        if not (args.trust or args.trust_when_present):
+            p.error("--group-key: opening sealed sections needs --trust or --trust-when-present")
+        keyring = _group_keys(p, args.group_key)
     verifier = None
     if args.trust or args.trust_when_present:
         verifier = TrustFileVerifier(
             args.trust or args.trust_when_present,
             optional=bool(args.trust_when_present),
             attribute_type=args.type_code,
+            group_keys=keyring,
         )
     rib = CacheRib(
         verifier=verifier,
         restart_time=args.graceful_restart,
     )
-    sink = FileSink(args.out, rib, coalesce=True, events_max_bytes=args.events_max_bytes)
+    sink = FileSink(
+        args.out,
+        rib,
+        coalesce=True,
+        events_max_bytes=args.events_max_bytes,
+        private=keyring is not None,
+    )
     lines: Iterable[str] = drained(sys.stdin, sink.flush)
     if args.raw:
         lines = _tee(lines, Path(args.out) / "raw.jsonl")

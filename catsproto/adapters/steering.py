@@ -311,10 +311,12 @@ def _rib_route(
     route: Any,
 ) -> tuple[tuple[str, str], str | None, tuple[str, int] | None] | None:
     """One route of the receiver's rib.json, checked: ((peer, prefix), value hex or None
-    when the receiver refused it, (origin address, CS-ID) or None), or None if unusable."""
+    when the receiver refused it, (origin address, CS-ID) or None), or None if unusable.
+    The value is the one with its sealed cache section opened when the receiver holds the
+    group key (`opened_value`), else the value as received."""
     if not isinstance(route, dict):
         return None
-    prefix, value = route.get("prefix"), route.get("value")
+    prefix, value = route.get("prefix"), route.get("opened_value", route.get("value"))
     if not isinstance(prefix, str) or not isinstance(value, str):
         return None
     try:

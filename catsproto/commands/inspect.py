@@ -58,7 +58,7 @@ def make_verifier(trust_file: str | None, group_key_files: list[str]) -> pcap.Ve
             keys = [
                 security.GroupKey.from_json(_load_json(f, "group key")) for f in group_key_files
             ]
-            keyring = security.GroupKeyring(keys[0], keys[1] if len(keys) > 1 else None)
+            keyring = security.GroupKeyring.of(keys)
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"group key: {exc}") from None
     if trust_file is None:

@@ -114,8 +114,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("which topology? e.g. `lab up cats4` or `lab up --topology X.clab.yml`")
     path = _topology_path(text)
     started = time.monotonic()
+    embedded_mode = args.embedded or not _can_netns()
+    if args.seal and embedded_mode:
+        raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     try:
-        if args.embedded or not _can_netns():
+        if embedded_mode:
             root = _root(args) if args.root else LOOPBACK_ROOT
             lab = embedded.up(path, root, tag=_new_tag(args, root))
             if not args.no_feed:
@@ -132,11 +135,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                 feed=not args.no_feed,
                 feed_interval=args.interval,
                 tag=_new_tag(args, root),
+                seal=args.seal,
             )
     except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
         raise UsageError(f"{path.name}: {exc}") from None
     mode = lab.handle.state.info.get("mode", "netns")
-    print(f"lab {lab.tag} ({lab.topology.name}, {mode}) up in {time.monotonic() - started:.2f}s")
+    sealed = ", sealed" if lab.handle.state.info.get("sealed") else ""
+    print(
+        f"lab {lab.tag} ({lab.topology.name}, {mode}{sealed}) up in "
+        f"{time.monotonic() - started:.2f}s"
+    )
     print(f"run directory: {lab.run_dir}")
     running = running_nodes(lab)
     for name in running:
@@ -350,11 +358,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path = _topology_path(args.topology)
     root = _root(args) if (args.root or _can_netns()) else LOOPBACK_ROOT
     netns_mode = _can_netns() and not args.embedded
+    if args.seal and not netns_mode:
+        raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     started = time.monotonic()
     try:
         tag = _new_tag(args, root)
         lab = (
-            runner.up(path, root, feed=True, feed_interval=args.interval, tag=tag)
+            runner.up(path, root, feed=True, feed_interval=args.interval, tag=tag, seal=args.seal)
             if netns_mode
             else embedded.up(path, root, tag=tag)
         )
@@ -366,6 +376,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not netns_mode:
             runner.start_feeders(lab, args.interval)
         mode = "namespaces, FRR and BIRD transit" if netns_mode else "loopback, no transit"
+        if lab.sealed:
+            mode += ", cache sections sealed"
         print(f"lab {lab.topology.name} up ({mode}) in {time.monotonic() - started:.2f}s")
         receiver = next(n for n, node in lab.topology.nodes.items() if node.receive)
         print(_delay_note(lab, path))
@@ -439,8 +451,11 @@ class DemoCapture:
     """The demo's capture of the receiver's BGP sessions, kept (with the lab's trust file)
     in a folder that outlives the lab, so `catsproto inspect` can show them afterwards."""
 
-    def __init__(self, tcpdump: Tcpdump, trust: Path, keep: Path) -> None:
+    def __init__(
+        self, tcpdump: Tcpdump, trust: Path, keep: Path, group_key: Path | None = None
+    ) -> None:
         self.tcpdump, self.trust, self.keep = tcpdump, trust, keep
+        self.group_key = group_key  # a sealed lab: the receiver's copy of the group key
 
     @classmethod
     def start(cls, lab: Any, receiver: str, capture_dir: str | None) -> DemoCapture | None:
@@ -489,7 +504,8 @@ class DemoCapture:
                 tcpdump.stop()
             raise
         print(f"capturing {receiver}'s BGP sessions ({interface}) to {tcpdump.out}")
-        return cls(tcpdump, lab.node_dir(receiver) / "trust.json", keep)
+        group_key = lab.node_dir(receiver) / "group.key" if lab.sealed else None
+        return cls(tcpdump, lab.node_dir(receiver) / "trust.json", keep, group_key)
 
     def finish(self) -> None:
         """Stop tcpdump, keep the trust file beside the pcap, print how to look at them."""
@@ -499,12 +515,11 @@ class DemoCapture:
             print(f"\nthe capture failed: {exc}")
             return
         trust = self.keep / "trust.json"
-        try:  # a new file renamed into place: never written through a link in the folder
-            fd, name = tempfile.mkstemp(dir=self.keep, prefix=".trust-")
-            with os.fdopen(fd, "wb") as out:
-                out.write(self.trust.read_bytes())
-            os.chmod(name, 0o644)
-            os.replace(name, trust)
+        group_key = self.keep / "group.key"
+        try:
+            _keep_copy(self.trust, trust, 0o644)
+            if self.group_key is not None:
+                _keep_copy(self.group_key, group_key, 0o600)  # the secret stays private
         except OSError as exc:
             print(f"\n{packets} packets in {self.tcpdump.out}; no trust file kept: {exc}")
             return
@@ -513,6 +528,23 @@ class DemoCapture:
             "lab's trust file; decode and verify every advertisement in it with:\n"
             f"  {catsproto_command()} inspect {self.tcpdump.out} --trust {trust}"
         )
+        if self.group_key is not None:
+            print(
+                "the cache sections in it are sealed: that shows their ciphertext; with the "
+                f"lab's group key (kept beside it, mode 0600) they are opened:\n"
+                f"  {catsproto_command()} inspect {self.tcpdump.out} --trust {trust} "
+                f"--group-key {group_key}"
+            )
+
+
+def _keep_copy(source: Path, target: Path, mode: int) -> None:
+    """`source` copied to `target` as a new file renamed into place (never written
+    through a link in the folder), with `mode`."""
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(source.read_bytes())
+    os.chmod(name, mode)
+    os.replace(name, target)
 
 
 def catsproto_command() -> str:
@@ -625,6 +657,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--embedded", action="store_true", help="loopback mode, no root needed")
     p.add_argument("--no-feed", action="store_true", help="do not start modelled instances")
     p.add_argument(
+        "--seal",
+        action="store_true",
+        help="the instances seal their cache sections (ChaCha20-Poly1305 under the lab's "
+        "group key, written 0600 to each receiving node's group.key); the receivers open "
+        "them, transits and captures see only ciphertext (namespaced lab only)",
+    )
+    p.add_argument(
         "--interval",
         type=seconds(),
         default=2.0,
@@ -717,6 +756,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "again 1.5 intervals after the first table",
     )
     p.add_argument("--seconds", type=seconds(), default=20.0, help="how long to wait for routes")
+    p.add_argument(
+        "--seal",
+        action="store_true",
+        help="the instances seal their cache sections under the lab's group key and the "
+        "receiver opens them (as `lab up --seal`); the capture then shows ciphertext, and "
+        "the group key is kept beside it (namespaced lab only)",
+    )
     p.add_argument(
         "--capture-dir",
         metavar="DIR",

@@ -281,7 +281,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="FILE",
         help="group key file to open a sealed cache section; give it at most twice: the "
-        "active key first, then a standby key (either opens)",
+        "active key first, then a standby key (either opens). A section under another key "
+        "id is left sealed and the value still accepted, as without a key",
     )
     add_type_code(p)
     p.add_argument("--show", action="store_true", help="print the verified advertisement too")

@@ -58,10 +58,12 @@ def exabgp_conf(
     out: str,
     neighbors: Sequence[tuple[str, str, int, int]] | None = None,
     ports: tuple[int | None, int | None] = (None, None),
+    group_key: str | None = None,
 ) -> str:
     """ExaBGP config for `node`. `neighbors` overrides the topology's sessions with
     (local address, peer address, local AS, peer AS) for the embedded mode, and `ports`
-    (listen, connect) moves BGP off port 179 there."""
+    (listen, connect) moves BGP off port 179 there. `group_key`: a group key file the
+    receive process opens sealed cache sections with (a sealed lab)."""
     n = topo.nodes[node]
     embedded = neighbors is not None
     restart_peers: set[str] = set()  # peers that offer graceful restart too
@@ -104,6 +106,7 @@ def exabgp_conf(
             "--raw",
             "--trust-when-present",
             trust,
+            *(["--group-key", group_key] if group_key else []),
         ]
         helper = n.restart_helper or n.graceful_restart
         if helper:  # keep a restarting peer's routes, stale, until its EoR

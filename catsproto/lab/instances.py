@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
@@ -113,11 +114,14 @@ def instance_routes(
     total_blocks: int = 65536,
     score: int = 5,
     signer: security.SigningKey | None = None,
+    group_keys: security.GroupKeyring | None = None,
 ) -> dict[Prefix, bytes]:
     """The attribute value for each of the instance's routes (sizes checked), each signed
-    for its own route when `signer` is given."""
+    for its own route when `signer` is given, its cache section sealed first when
+    `group_keys` are."""
 
     def finish(adv: wire.Advertisement, prefix: Prefix) -> bytes:
+        adv = sealed(adv, group_keys)
         return wire.encode(security.sign(adv, signer, prefix) if signer else adv)
 
     csci_adv = wire.Advertisement.build(
@@ -165,9 +169,11 @@ class ModelledInstance:
         blocks: int = 2000,
         signer: security.SigningKey | None = None,
         pinned: np.ndarray | None = None,
+        group_keys: security.GroupKeyring | None = None,
     ) -> None:
         self.spec = spec
         self.signer = signer
+        self.group_keys = group_keys
         self.pinned = np.zeros(0, dtype=np.uint64) if pinned is None else pinned
         self.rng = np.random.default_rng(seed)
         self.keys = self.rng.integers(0, 2**63, size=blocks, dtype=np.uint64) * np.uint64(2)
@@ -188,6 +194,7 @@ class ModelledInstance:
             max_message=max_message,
             free_blocks=int(65536 - self.keys.size),
             signer=self.signer,
+            group_keys=self.group_keys,
         )
 
 
@@ -212,6 +219,21 @@ def lab_key(topology: Topology, name: str) -> security.SigningKey:
     return security.SigningKey.from_seed(
         hashlib.sha256(f"catsproto-lab/{topology.name}/{name}".encode()).digest()
     )
+
+
+def lab_group_keys(topology: Topology) -> security.GroupKeyring:
+    """The lab's group key (id 1), deterministic like `lab_key` (lab only: anyone can
+    derive it from the topology). `catsproto lab up --seal` seals with it."""
+    secret = hashlib.sha256(f"catsproto-lab/{topology.name}/group-key".encode()).digest()
+    return security.GroupKeyring(security.GroupKey.of(1, secret))
+
+
+def sealed(adv: wire.Advertisement, group_keys: security.GroupKeyring | None) -> wire.Advertisement:
+    """`adv` with its cache section sealed under `group_keys` (a fresh random nonce), or
+    `adv` itself without keys or without a cache section."""
+    if group_keys is None:
+        return adv
+    return security.seal(adv, group_keys, os.urandom(12))
 
 
 def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
@@ -270,6 +292,7 @@ class ServedInstance:
         transfer_port: int = TRANSFER_PORT,
         tiers: tuple[TierSpec, ...] = LAB_TIERS,
         change_threshold: float = 0.05,
+        group_keys: security.GroupKeyring | None = None,
     ) -> None:
         from catsproto.adapters.instance import (
             EngineConfig,
@@ -287,6 +310,7 @@ class ServedInstance:
         from catsproto.adapters.vllm_events import RankEndpoint
 
         self.spec, self.spool, self.signer = spec, spool, signer
+        self.group_keys = group_keys
         self.published: set[Prefix] = set()
         self._lock = threading.Lock()
         host = host or str(spec.address)
@@ -376,7 +400,7 @@ class ServedInstance:
         self.engine.last_advertised = time.monotonic()
         with self._lock:
             for r in routes:
-                adv = security.sign(r.advertisement, self.signer, r.prefix)
+                adv = security.sign(sealed(r.advertisement, self.group_keys), self.signer, r.prefix)
                 self.spool.publish(r.prefix, wire.encode(adv))
                 self.published.add(r.prefix)
 
@@ -427,10 +451,12 @@ def serve(
     tiers: tuple[TierSpec, ...] = LAB_TIERS,
     warm: bool = True,
     change_threshold: float = 0.05,
+    group_keys: security.GroupKeyring | None = None,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
     the site's demo conversation first (unless `warm` is off). Background:
-    `background_blocks` random blocks per instance every `interval` seconds (0: none)."""
+    `background_blocks` random blocks per instance every `interval` seconds (0: none).
+    With `group_keys` every route's cache section is sealed under them."""
     instances: list[ServedInstance] = []
     trust = security.TrustStore.from_json(lab_trust(topology, int(time.time() * 1000)))
     try:
@@ -449,6 +475,7 @@ def serve(
                     payload_bytes=payload_bytes,
                     tiers=tiers,
                     change_threshold=change_threshold,
+                    group_keys=group_keys,
                 )
             )
         warmers = [
@@ -501,6 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-warm", action="store_true", help="no demo conversation at start")
     p.add_argument(
+        "--seal",
+        action="store_true",
+        help="seal every route's cache section under the lab's group key (lab_group_keys)",
+    )
+    p.add_argument(
         "--change-threshold",
         type=float,
         default=0.05,
@@ -510,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
     topology = load(args.topology)
+    group_keys = lab_group_keys(topology) if args.seal else None
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
     if args.serve:
@@ -532,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             tiers=lab_tiers(args.tiers) if args.tiers else LAB_TIERS,
             warm=not args.no_warm,
             change_threshold=args.change_threshold,
+            group_keys=group_keys,
         )
         return 0
     instances = [
@@ -541,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             signer=lab_key(topology, spec.name),
             # the first instance of each site holds that site's demo conversation
             pinned=demo_prefix_keys(spec.site_id) if i == 0 else None,
+            group_keys=group_keys,
         )
         for i, spec in enumerate(node.instances)
     ]

@@ -80,6 +80,11 @@ class Lab:
     def node_dir(self, node: str) -> Path:
         return self.run_dir / node
 
+    @property
+    def sealed(self) -> bool:
+        """Whether the instances seal their cache sections (`up(seal=True)`)."""
+        return bool(self.handle.state.info.get("sealed", False))
+
     def spool(self, node: str) -> Spool:
         return Spool(self.node_dir(node) / "spool")
 
@@ -259,13 +264,34 @@ def _start_exabgp(lab: Lab, node: str) -> None:
     d = lab.node_dir(node)
     (d / "spool").mkdir(exist_ok=True)
     (d / "rib").mkdir(exist_ok=True)
+    group_key = None
+    if lab.sealed and lab.topology.nodes[node].receive:
+        group_key = str(write_group_key(lab, node))
     conf = configs.exabgp_conf(
-        lab.topology, node, python=sys.executable, spool=str(d / "spool"), out=str(d / "rib")
+        lab.topology,
+        node,
+        python=sys.executable,
+        spool=str(d / "spool"),
+        out=str(d / "rib"),
+        group_key=group_key,
     )
     (d / "exabgp.conf").write_text(conf)
     lab.handle.start(
         node, "exabgp", [exabgp_binary(), str(d / "exabgp.conf")], env=configs.EXABGP_ENV
     )
+
+
+def write_group_key(lab: Lab, node: str) -> Path:
+    """`node`'s copy of the lab's group key (`lab_group_keys`), mode 0600, for its
+    receive process to open the sealed cache sections with."""
+    from catsproto.lab.instances import lab_group_keys
+
+    path = lab.node_dir(node) / "group.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(lab_group_keys(lab.topology).active.to_json(), out)
+    return path
 
 
 STARTERS: dict[str, Callable[[Lab, str], None]] = {
@@ -283,11 +309,15 @@ def up(
     feed: bool = False,
     feed_interval: float = 2.0,
     instance_args: tuple[str, ...] = (),
+    seal: bool = False,
 ) -> Lab:
-    """Build the lab and start its daemons; on any failure tear down what exists."""
+    """Build the lab and start its daemons; on any failure tear down what exists.
+    `seal`: the instances seal their cache sections under the lab's group key and the
+    receivers open them (`Lab.sealed`)."""
     topology = load(topology_path)
     tag = tag or netns.lab_tag()
     handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
+    handle.state.info["sealed"] = seal
     lab = Lab(topology, handle, str(topology_path))
     with noting_interrupts() as interrupted:
         try:
@@ -427,6 +457,8 @@ def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()
             ]
             if lab.handle.namespaced:  # real instances on their own addresses
                 argv += ["--serve", *instance_args]
+            if lab.sealed:  # the receivers hold the key (`write_group_key`)
+                argv.append("--seal")
             lab.handle.start(name, "instances", argv)
     if lab.handle.namespaced and lab.hosts:
         from catsproto.lab.flows import start_steering

@@ -65,12 +65,13 @@ def lab_links(topology: Topology, receiver: str, *, loopback: bool) -> tuple[Lin
 
 def rib_from_receiver(rib_json: dict[str, Any], now_ms: int) -> RIB:
     """A selector RIB from the receiver's rib.json: verified values only (the routes the
-    receiver refused never reach it)."""
+    receiver refused never reach it), with their sealed cache section opened where the
+    receiver holds the group key (`opened_value`)."""
     rib = RIB()
     for route in rib_json.get("routes", []):
         if route.get("verified") is False:
             continue
-        adv = wire.decode(bytes.fromhex(route["value"]))
+        adv = wire.decode(bytes.fromhex(route.get("opened_value", route["value"])))
         rib.accept(adv, now_ms)
     return rib
 

@@ -40,7 +40,8 @@ def origin_rows(rib: dict[str, Any], topology: Topology) -> list[list[str]]:
         blocks = 0
         for r in routes:
             try:
-                adv = wire.decode(bytes.fromhex(r["value"]))
+                # the opened value where the receiver holds the group key (a sealed lab)
+                adv = wire.decode(bytes.fromhex(r.get("opened_value", r["value"])))
             except (wire.CodecError, ValueError):
                 continue
             if adv.cache_summaries:

@@ -143,9 +143,10 @@ def _keyring(group_keys: list[JSON]) -> GroupKeyring:
         keys = [GroupKey.from_json(k) for k in group_keys]
     except (KeyError, TypeError, ValueError) as exc:
         raise CommandError(f"group key file: {exc}") from None
-    if not 1 <= len(keys) <= 2:
-        raise CommandError("give one or two group keys (active first)")
-    return GroupKeyring(keys[0], keys[1] if len(keys) == 2 else None)
+    try:
+        return GroupKeyring.of(keys)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def build_trust(

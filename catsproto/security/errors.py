@@ -30,7 +30,9 @@ class Reason(enum.Enum):
     FUTURE_TIMESTAMP = "future-timestamp"  # further ahead than the allowed clock skew
     REPLAYED = "replayed"  # (epoch, sequence) not newer than the last accepted
     EQUIVOCATION = "equivocation"  # same (epoch, sequence) as accepted, other content
-    UNKNOWN_GROUP_KEY = "unknown-group-key"  # sealed under a group key id we do not hold
+    # sealed under a group key id not held: open_sealed's error; a receiver accepts such
+    # an advertisement with the section unopened (Verdict.unheld_group_key)
+    UNKNOWN_GROUP_KEY = "unknown-group-key"
     DECRYPTION_FAILED = "decryption-failed"  # AEAD tag fails, or the plaintext is malformed
 
     @property

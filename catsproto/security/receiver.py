@@ -12,16 +12,21 @@ names the reason:
  3. signer's key: trust store or a   8. Ed25519 over `signing.signed_message` (bad-signature)
     carried delegation (unknown-key, 9. same (epoch, sequence): duplicate or equivocation
     bad-delegation)                 10. open the sealed cache section when group keys are
- 4. delegation valid now (expired)       given (unknown-group-key, decryption-failed)
+ 4. delegation valid now (expired)       given and one of them is its key (decryption-failed)
  5. CS-ID, instance address and route
     in its scope (not-authorised)
 
 Without group keys a sealed advertisement is still verified and accepted, cache section
-unread (that is what an unauthorised selector can do). A section sealed with an AEAD
-algorithm this code does not implement is the same case whatever keys are held: accepted,
-the section unopened, the rest used; the verdict names the code (`unknown_algorithm`, in
-its detail too) and the counters tally it. The signature covers the sealed octets as they
-are, so it verifies all the same.
+unread (that is what an unauthorised selector can do). Two more cases are that same case
+whatever keys are held: a section sealed with an AEAD algorithm this code does not
+implement, and one sealed under a group key id the receiver does not hold (an origin that
+moved to the next key before this receiver got it: refusing would take the instance out
+of selection for the length of a botched rollover). Each is accepted, the section
+unopened, the rest used; the verdict names the algorithm (`unknown_algorithm`) or the key
+id (`unheld_group_key`), in its detail too, and the counters tally each. The signature
+covers the sealed octets as they are, so it verifies all the same. A key that is held but
+does not authenticate the section is still refused (decryption-failed): that is damage or
+a forgery by a signer without the group key, not a rollover.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ class Verdict:
     which the trust store takes on when the advertisement is accepted.
     unknown_algorithm: the code of the sealing algorithm when the advertisement was
     accepted with its sealed section unopened because this code has no such AEAD.
+    unheld_group_key: the group key id when it was accepted with its sealed section
+    unopened because the receiver holds group keys but not that one.
     """
 
     reason: Reason
@@ -102,6 +109,7 @@ class Verdict:
     learned: Authorisation | None = None
     error: CodecError | None = None
     unknown_algorithm: int | None = None
+    unheld_group_key: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,6 +138,8 @@ class Verdict:
             out["epoch"], out["sequence"] = self.state.position
         if self.unknown_algorithm is not None:
             out["unknown_sealing_algorithm"] = self.unknown_algorithm
+        if self.unheld_group_key is not None:
+            out["unheld_group_key"] = self.unheld_group_key
         return out
 
 
@@ -239,15 +249,24 @@ def _verify(
             duplicate = True
         else:
             duplicate = False
-        # an AEAD this code lacks: unopened like a section under a key not held, and
-        # accepted (the sender's metrics must reach a receiver older than its algorithm)
+        # an AEAD this code lacks, or a key id not held (a rollover this receiver has not
+        # caught up with): unopened as without group keys, and accepted (the sender's
+        # metrics must reach a receiver older than its algorithm or its key)
         unknown = unknown_algorithm(adv)
+        unheld = None
         if group_keys is not None and unknown is None:
-            adv = open_sealed(adv, group_keys)
+            sealed = adv.get(wire.SealedCache)
+            if sealed is not None and group_keys.get(sealed.key_id) is None:
+                unheld = sealed.key_id
+            else:
+                adv = open_sealed(adv, group_keys)
     except BadSignatureError as exc:
         return Verdict(exc.why, str(exc), route, error=exc)
-    if unknown is not None:
-        detail = f"sealed cache section not opened: unknown sealing algorithm {unknown}"
+    if unknown is not None or unheld is not None:
+        if unknown is not None:
+            detail = f"sealed cache section not opened: unknown sealing algorithm {unknown}"
+        else:
+            detail = f"sealed cache section not opened: group key {unheld} is not held"
         if duplicate:
             return Verdict(
                 Reason.DUPLICATE,
@@ -256,9 +275,15 @@ def _verify(
                 adv,
                 auth,
                 unknown_algorithm=unknown,
+                unheld_group_key=unheld,
             )
         verdict = _accepted(route, adv, auth, seq, ts, signature.signature, learned)
-        return dataclasses.replace(verdict, detail=f"accepted; {detail}", unknown_algorithm=unknown)
+        return dataclasses.replace(
+            verdict,
+            detail=f"accepted; {detail}",
+            unknown_algorithm=unknown,
+            unheld_group_key=unheld,
+        )
     if duplicate:
         return Verdict(Reason.DUPLICATE, f"{position} already accepted", route, adv, auth)
     return _accepted(route, adv, auth, seq, ts, signature.signature, learned)
@@ -299,6 +324,7 @@ def _accepted(
     verdict.learned = learned
     verdict.error = None
     verdict.unknown_algorithm = None
+    verdict.unheld_group_key = None
     verdict.__class__ = Verdict
     return verdict
 
@@ -345,17 +371,22 @@ def verify_advertisement(
 @dataclasses.dataclass(frozen=True, slots=True)
 class Counters:
     """How many advertisements ended with each reason (an immutable tally), and how many
-    of those accepted had their sealed section left unopened for an unknown algorithm."""
+    of those accepted had their sealed section left unopened for an unknown algorithm or
+    for a group key not held."""
 
     counts: tuple[int, ...] = (0,) * len(_REASONS)
     unknown_algorithm: int = 0
+    unheld_group_key: int = 0
 
-    def record(self, reason: Reason, unknown_algorithm: bool = False) -> Counters:
+    def record(
+        self, reason: Reason, unknown_algorithm: bool = False, unheld_group_key: bool = False
+    ) -> Counters:
         counts = list(self.counts)
         counts[_INDEX[reason]] += 1
         out = _new(_COUNTERS_FILL)
         out.counts = tuple(counts)
         out.unknown_algorithm = self.unknown_algorithm + unknown_algorithm
+        out.unheld_group_key = self.unheld_group_key + unheld_group_key
         out.__class__ = Counters
         return out
 
@@ -385,7 +416,11 @@ class Receiver:
 
     def commit(self, verdict: Verdict) -> Receiver:
         """The receiver after `verdict`: counted; window and trust move only on OK."""
-        counters = self.counters.record(verdict.reason, verdict.unknown_algorithm is not None)
+        counters = self.counters.record(
+            verdict.reason,
+            verdict.unknown_algorithm is not None,
+            verdict.unheld_group_key is not None,
+        )
         if verdict.reason is not Reason.OK:
             return _receiver(self.trust, self.window, self.policy, self.group_keys, counters)
         assert verdict.route is not None and verdict.state is not None

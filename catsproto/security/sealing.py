@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -126,6 +127,13 @@ class GroupKeyring:
     def __post_init__(self) -> None:
         if self.standby is not None and self.standby.key_id == self.active.key_id:
             raise ValueError(f"active and standby group keys share id {self.active.key_id}")
+
+    @classmethod
+    def of(cls, keys: Sequence[GroupKey]) -> GroupKeyring:
+        """The keyring of one or two keys as a command line gives them, active first."""
+        if not 1 <= len(keys) <= 2:
+            raise ValueError(f"give one or two group keys (active first), not {len(keys)}")
+        return cls(keys[0], keys[1] if len(keys) == 2 else None)
 
     def get(self, key_id: int) -> GroupKey | None:
         if key_id == self.active.key_id:

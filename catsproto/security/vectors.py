@@ -169,13 +169,6 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
             Reason.BAD_DELEGATION,
         ),
         (
-            "unknown-group-key",
-            wire.encode(sign(seal(f.at(1, 49), other_group, nonce), f.node, NLRI)),
-            NLRI,
-            NOW_MS,
-            Reason.UNKNOWN_GROUP_KEY,
-        ),
-        (
             "decryption-failed",
             wire.encode(
                 sign(
@@ -218,6 +211,13 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
         (
             "sealed-algorithm-unknown",  # held key 7 or not: the section stays sealed
             wire.encode(sign(unknown_algorithm_advertisement(f, 51), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.OK,
+        ),
+        (
+            "sealed-group-key-not-held",  # key 8, the receiver holds 7: a rollover it missed
+            wire.encode(sign(seal(f.at(1, 52), other_group, nonce), f.node, NLRI)),
             NLRI,
             NOW_MS,
             Reason.OK,
@@ -306,6 +306,8 @@ def security_vectors() -> JSON:
             step["sealed_section"] = (
                 f"not opened: unknown sealing algorithm {verdict.unknown_algorithm}"
             )
+        if verdict.unheld_group_key is not None:
+            step["sealed_section"] = f"not opened: group key {verdict.unheld_group_key} is not held"
         steps.append(step)
     return {
         "keys": {

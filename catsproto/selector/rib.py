@@ -34,7 +34,10 @@ from catsproto.wire import (
     KeyScheme,
     L0MetricType,
     SealedCache,
+    Source,
+    Statistic,
     Tier,
+    Unit,
 )
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -42,6 +45,21 @@ DEFAULT_HOLD_TIME_MS = 90_000  # like BGP's default hold time: 3 missed 30 s ref
 DEFAULT_PREFILL_TPS = 10_000.0  # tokens/s assumed until an instance advertises its rate
 NOT_HEARD = (-1, -1)  # an Instance's (epoch, sequence) before anything was accepted
 REJECTED_KEPT = 256  # messages of unusable summary entries kept (a long-lived daemon)
+
+# The L0 metrics the RIB reads, each in the one unit it is priced in, as the current
+# value or a mean (a site's route carries the mean over its instances); a percentile, a
+# minimum or a maximum of a queue is not the queue a new request joins, and an entry of
+# another unit or statistic is skipped, as an unknown metric type is. Of several entries
+# of one metric the RIB takes the current value before a mean, then a measured value
+# before an aggregated, an estimated and a nominal one (`_RANK`, lowest first).
+_L0_READ = {
+    int(L0MetricType.PREFILL_THROUGHPUT): Unit.TOKENS_PER_SECOND,
+    int(L0MetricType.OUTSTANDING_PREFILL_TOKENS): Unit.COUNT,
+    int(L0MetricType.WAITING_REQUESTS): Unit.COUNT,
+}
+_STATISTIC_RANK = {Statistic.CURRENT: 0, Statistic.MEAN: 1}
+_SOURCE_RANK = {Source.MEASURED: 0, Source.AGGREGATED: 1, Source.ESTIMATED: 2, Source.NOMINAL: 3}
+_SOURCES = len(_SOURCE_RANK)  # the rank of a source this code does not name
 
 
 @dataclass
@@ -489,13 +507,23 @@ class RIB:
         if l0 is None or (adv.timestamp_ms, seq) <= (inst.metrics_ms, inst.metrics_seq):
             return False
         inst.metrics_ms, inst.metrics_seq = adv.timestamp_ms, seq
+        best: dict[int, tuple[int, int, float]] = {}  # metric type -> (ranks, value)
         for m in l0.metrics:
-            if m.metric_type == L0MetricType.PREFILL_THROUGHPUT and m.value > 0:
-                inst.prefill_tps = m.value
-            elif m.metric_type == L0MetricType.OUTSTANDING_PREFILL_TOKENS:
-                inst.backlog_tokens = max(0.0, m.value)
-            elif m.metric_type == L0MetricType.WAITING_REQUESTS:
-                inst.waiting = max(0.0, m.value)
+            unit = _L0_READ.get(m.metric_type)
+            statistic = _STATISTIC_RANK.get(m.statistic)
+            if unit is None or m.unit != unit or statistic is None:
+                continue
+            rank = (statistic, _SOURCE_RANK.get(m.source, _SOURCES), m.value)
+            if m.metric_type not in best or rank[:2] < best[m.metric_type][:2]:
+                best[m.metric_type] = rank
+        for metric_type, (_, _, value) in best.items():
+            if metric_type == L0MetricType.PREFILL_THROUGHPUT:
+                if value > 0:
+                    inst.prefill_tps = value
+            elif metric_type == L0MetricType.OUTSTANDING_PREFILL_TOKENS:
+                inst.backlog_tokens = max(0.0, value)
+            else:
+                inst.waiting = max(0.0, value)
         table.set_load(inst.slot, inst.prefill_tps, inst.backlog_tokens, inst.metrics_ms)
         table.metrics_version[inst.slot] += 1
         return True

@@ -262,6 +262,7 @@ class HotPrefixes(TLV):
 
 CHACHA20_POLY1305_NONCE_LEN = 12
 AEAD_TAG_LEN = 16
+CHACHA20_POLY1305_MIN_CIPHERTEXT = AEAD_TAG_LEN + 4  # the tag and one TLV header
 
 
 @define_tlv(TLVType.SEALED_CACHE)
@@ -275,14 +276,15 @@ class SealedCache(TLV):
     u32 naming the group key, in the clear so a receiver holding two keys during a
     rotation picks the right one. nonce: 1..255 bytes behind a u8 length (exactly 12 for
     ChaCha20-Poly1305; any length for an unknown algorithm). ciphertext: the rest, tag
-    included; its plaintext is the sealed TLVs in canonical order (rules in
-    `catsproto.security`).
+    included, at least one byte; for ChaCha20-Poly1305 at least 20 (its 16-byte tag and
+    one TLV header), a rule of that algorithm only, like its nonce length. Its plaintext
+    is the sealed TLVs in canonical order (rules in `catsproto.security`).
     """
 
     algorithm: Annotated[AeadAlgorithm | int, OpenEnum(UInt(1, 1))]  # unknown ones kept
     key_id: Annotated[int, U32]
     nonce: Annotated[bytes, Blob(1, min_len=1)]
-    ciphertext: Annotated[bytes, Blob(min_len=AEAD_TAG_LEN + 4)]
+    ciphertext: Annotated[bytes, Blob(min_len=1)]
 
     @property
     def has_known_algorithm(self) -> bool:
@@ -297,6 +299,15 @@ class SealedCache(TLV):
             raise BadLengthError(
                 f"ChaCha20-Poly1305 nonce is {len(self.nonce)} bytes, "
                 f"not {CHACHA20_POLY1305_NONCE_LEN}"
+            )
+        if (
+            self.algorithm == AeadAlgorithm.CHACHA20_POLY1305
+            and len(self.ciphertext) < CHACHA20_POLY1305_MIN_CIPHERTEXT
+        ):
+            raise BadLengthError(
+                f"ChaCha20-Poly1305 ciphertext is {len(self.ciphertext)} bytes, fewer than "
+                f"{CHACHA20_POLY1305_MIN_CIPHERTEXT} (the {AEAD_TAG_LEN}-byte tag and a TLV "
+                "header)"
             )
 
 

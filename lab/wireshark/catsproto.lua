@@ -155,7 +155,7 @@ local LAYOUTS = {
     { "block_key", "u64", hex = true }, { "depth", "u32", min = 1 } } } } },
   [36] = { "sealed_cache", { { "algorithm", "enum8", names = "aead", open = true, min = 1 },
                              { "key_id", "u32" },
-                             { "nonce", "blob8", min = 1 }, { "ciphertext", "rest", min = 20 } } },
+                             { "nonce", "blob8", min = 1 }, { "ciphertext", "rest", min = 1 } } },
   [254] = { "delegation", { { "algorithm", "enum8", names = "signature_algorithm" },
                             { "operator_key_id", "blob8", min = 1 },
                             { "node_key", "blob8", min = 1 },
@@ -213,6 +213,9 @@ local CHECKS = {
   sealed_cache = function(rec)
     if rec.algorithm == 1 and #rec.nonce ~= 12 then
       return string.format("ChaCha20-Poly1305 nonce is %d bytes, not 12", #rec.nonce)
+    end
+    if rec.algorithm == 1 and #rec.ciphertext < 20 then
+      return string.format("ChaCha20-Poly1305 ciphertext is %d bytes, fewer than 20", #rec.ciphertext)
     end
   end,
   delegation = function(rec)

@@ -1,0 +1,105 @@
+"""A sealed 4-site lab (`lab up --seal`): every instance seals its cache section under the
+lab's group key, FRR and BIRD pass the ciphertext on, e1's receiver verifies and opens
+it, and a capture on the way shows only ciphertext unless `inspect` is given the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from catsproto import cli
+from catsproto.adapters import netns
+from catsproto.lab import runner
+from catsproto.lab.instances import lab_group_keys
+from catsproto.lab.steering import rib_from_receiver
+from catsproto.lab.topology import load
+
+if os.geteuid() != 0 and os.environ.get("CI") != "true":
+    pytest.skip("the lab needs root for namespaces (CI runs it as root)", allow_module_level=True)
+
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+
+def _rows(capsys, *args: str) -> list[dict]:
+    capsys.readouterr()
+    cli.main(["inspect", *args, "--jsonl"])
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def _opened(lab: runner.Lab) -> list[dict]:
+    return [r for r in lab.rib("e1").get("routes", []) if "opened_value" in r]
+
+
+def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, capsys):
+    tag = f"s{os.getpid()}"
+    lab = runner.up(
+        LAB / "cats4.clab.yml", tmp_path / "labs", tag=tag, feed=True, feed_interval=1.0, seal=True
+    )
+    try:
+        assert lab.sealed
+        lab.wait_for(lambda: len(_opened(lab)) >= 8, 45, "opened routes at e1")
+        key = lab.node_dir("e1") / "group.key"
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+        rib_file = lab.rib_file("e1")
+        assert stat.S_IMODE(rib_file.stat().st_mode) == 0o600  # it holds cache state now
+        snapshot = lab.rib("e1")
+        assert snapshot["counters"]["sealed_opened"] > 0
+        assert snapshot["counters"]["unheld_group_key"] == 0
+        assert all(r["verified"] for r in snapshot["routes"])
+        # the selector beside the receiver sees the cache: site 3's demo conversation
+        rib = rib_from_receiver(snapshot, lab_now_ms(snapshot))
+        holders = {str(i.address) for i in rib.services[100].live() if i.tiers}
+        assert holders, "no instance with cache state in the opened RIB"
+        pcap = tmp_path / "c1-e1.pcap"
+        args = ["lab", "capture", "c1-e1", "-w", str(pcap), "--seconds", "4"]
+        args += ["--root", str(tmp_path / "labs"), "--tag", tag]
+        assert cli.main(args) == 0
+        trust = str(lab.node_dir("e1") / "trust.json")
+        group_key = tmp_path / "group.key"
+        group_key.write_bytes(key.read_bytes())
+    finally:
+        lab.down()
+        assert netns.leftover_namespaces(tag) == []
+
+    rows = [r for r in _rows(capsys, str(pcap), "--trust", trust) if "advertisement" in r]
+    assert rows and all(r["status"] == "verified" for r in rows), {r["status"] for r in rows}
+    on_wire = [r["advertisement"] for r in rows]
+    assert all("cache-summaries" not in a and "cache-model" not in a for a in on_wire)
+    assert sum("sealed-cache" in a for a in on_wire) >= len(on_wire) // 2
+    opened = [
+        r["advertisement"]
+        for r in _rows(capsys, str(pcap), "--trust", trust, "--group-key", str(group_key))
+        if "advertisement" in r
+    ]
+    assert len(opened) == len(rows)
+    assert any("cache-summaries" in a for a in opened)
+    assert all("sealed-cache" not in a for a in opened)
+    # the key e1 was given is the one derived from the topology
+    derived = lab_group_keys(load(LAB / "cats4.clab.yml")).active.to_json()
+    assert json.loads(group_key.read_text()) == derived
+
+
+def lab_now_ms(snapshot: dict) -> int:
+    """The newest timestamp in the receiver's RIB (what 'now' was when it was written)."""
+    return max(int(r["timestamp_ms"]) for r in snapshot["routes"])
+
+
+def test_the_sealed_demo_prints_how_to_open_its_capture(tmp_path, capsys):
+    keep = tmp_path / "keep"
+    tag = f"d{os.getpid()}"
+    args = ["lab", "demo", "--seal", "--capture-dir", str(keep), "--root", str(tmp_path)]
+    assert cli.main([*args, "--tag", tag, "--seconds", "40"]) == 0
+    assert netns.leftover_namespaces(tag) == []
+    out = capsys.readouterr().out
+    assert "cache sections sealed" in out
+    pcap, trust, key = keep / "e1-bgp.pcap", keep / "trust.json", keep / "group.key"
+    assert f"--group-key {key}" in out and stat.S_IMODE(key.stat().st_mode) == 0o600
+    sealed = [r for r in _rows(capsys, str(pcap), "--trust", str(trust)) if "advertisement" in r]
+    assert sealed and all(r["status"] == "verified" for r in sealed)
+    assert not any("cache-summaries" in r["advertisement"] for r in sealed)
+    opened = _rows(capsys, str(pcap), "--trust", str(trust), "--group-key", str(key))
+    assert any("cache-summaries" in r.get("advertisement", {}) for r in opened)
