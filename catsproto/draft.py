@@ -75,7 +75,7 @@ def _show(name: str, value: Any, codec: Any) -> str:
     if isinstance(codec, EnumCodec):
         if not isinstance(value, codec.enum_type):  # an open enum's unnamed code, kept
             return f"{int(value)} (not registered)"
-        return f"{int(value)} ({value.name.lower()})"
+        return f"{int(value)} ({_norm(value.name)})"  # as the IANA tables name it
     if isinstance(codec, Address):
         return str(value)
     if isinstance(codec, Float64):

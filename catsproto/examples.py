@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from catsproto.security.identity import key_id
 from catsproto.summary import Summary
 from catsproto.summary.delta import DeltaSummary
 from catsproto.wire import (
@@ -203,6 +204,9 @@ SCOPE_ADDRESSES = (
     ScopeEntry.for_network(ScopeKind.ADDRESS, ipaddress.ip_network("2001:db8::/32")),
     ScopeEntry.for_network(ScopeKind.ADDRESS, ipaddress.ip_network("192.0.2.14/32")),
 )
+# The node key the sealed-delegated example's delegation authorises (placeholder octets);
+# its Signature TLV names this key by its derived id, as a carried delegation requires.
+SEALED_NODE_KEY = _filler("node-key", 32)
 
 
 def examples() -> list[Example]:
@@ -224,7 +228,7 @@ def examples() -> list[Example]:
             "cache-state",
             "Cache model, exact set of 16 keys in HBM (a real Rice-coded body), "
             "capacity, two hot prefixes and an Ed25519-shaped signature (placeholder "
-            "bytes).",
+            "bytes; its 8-octet Key ID is derived from a placeholder public key).",
             Advertisement.build(
                 *_header("192.0.2.11", seq=42),
                 MetricsL2(5),
@@ -232,7 +236,11 @@ def examples() -> list[Example]:
                 CacheSummaries((_exact_summary(Tier.HBM, CACHE_KEYS, 5, 800_000),)),
                 Capacity(free_blocks=1200, total_blocks=65536),
                 HotPrefixes((HotPrefix(0x0123456789ABCDEF, 4), HotPrefix(0xFEDCBA9876543210, 31))),
-                Signature(SignatureAlgorithm.ED25519, b"op1/inst11", _filler("sig", 64)),
+                Signature(
+                    SignatureAlgorithm.ED25519,
+                    key_id(_filler("cache-state-node-key", 32)),
+                    _filler("sig", 64),
+                ),
             ),
             (Body(Tier.HBM, CACHE_KEYS),),
         ),
@@ -273,7 +281,11 @@ def examples() -> list[Example]:
             "Cache section sealed under group key 7 (opaque ciphertext), the operator's "
             "delegation of the signing key carried in-band (CS-ID 100, route 10.0.0.0/16, "
             "instance addresses 2001:db8::/32 and 192.0.2.14/32) and a signature "
-            "(placeholder bytes throughout; tests/vectors/security.json has real ones). "
+            "(placeholder keys and signature bytes; tests/vectors/security.json has real "
+            "ones). "
+            f"The Signature TLV's Key ID {key_id(SEALED_NODE_KEY).hex()} is the one "
+            "derived from the delegation's Node Public Key, so the delegation is for the "
+            "key that signs. "
             "The two address entries are in octet order of (Kind, Value): the IPv6 one, "
             "longer, comes first because its second octet (0x20) is below 0xc0.",
             Advertisement.build(
@@ -285,7 +297,7 @@ def examples() -> list[Example]:
                 Delegation(
                     algorithm=SignatureAlgorithm.ED25519,
                     operator_key_id=_filler("op-key-id", 8),
-                    node_key=_filler("node-key", 32),
+                    node_key=SEALED_NODE_KEY,
                     not_before_ms=T0_MS,
                     not_after_ms=T0_MS + 30 * 86_400_000,
                     operator_signature=_filler("op-sig", 64),
@@ -297,7 +309,7 @@ def examples() -> list[Example]:
                         *SCOPE_ADDRESSES,
                     ),
                 ),
-                Signature(SignatureAlgorithm.ED25519, _filler("node-key-id", 8), _filler("s", 64)),
+                Signature(SignatureAlgorithm.ED25519, key_id(SEALED_NODE_KEY), _filler("s", 64)),
             ),
         ),
         Example(

@@ -32,12 +32,16 @@ ETHER = Ether(dst="02:00:00:00:00:02", src="02:00:00:00:00:01")
 ALL_VALUES = [bytes.fromhex(v["hex"]) for v in VECTORS["positive"] + VECTORS["negative"]]
 
 
-def _pcap(path: Path, values: list[bytes], mp_reach: bytes | None = None) -> Path:
-    """One UPDATE per value (attribute 255, extended length), on one TCP flow."""
+def _pcap(
+    path: Path, values: list[bytes], mp_reach: bytes | None = None, flags: list[int] | None = None
+) -> Path:
+    """One UPDATE per value (attribute 255, extended length; flags 0xD0 unless `flags`
+    gives one per value), on one TCP flow."""
     pkts, seq = [], 1
     nlri = [] if mp_reach else [ipaddress.ip_network("10.0.1.0/24")]
-    for value in values:
-        attrs = [bytes([0xD0, 255]) + len(value).to_bytes(2, "big") + value]
+    for i, value in enumerate(values):
+        flag = 0xD0 if flags is None else flags[i]
+        attrs = [bytes([flag, 255]) + len(value).to_bytes(2, "big") + value]
         if mp_reach is not None:
             attrs.insert(0, mp_reach)
         msg = build_update(nlri, ipaddress.ip_address("192.0.2.1"), attrs, (65001,))
@@ -50,6 +54,7 @@ def _pcap(path: Path, values: list[bytes], mp_reach: bytes | None = None) -> Pat
 
 MALFORMED_GROUP = 0x07000000  # Wireshark's PI_MALFORMED: the refusals
 UNDECODED_GROUP = 0x05000000  # PI_UNDECODED: the note on an unknown sealing algorithm
+WARN_SEVERITY = 0x00600000  # PI_WARN: the flags lacking Optional or Transitive
 
 
 def _experts(pcap: Path) -> list[list[tuple[str, int]]]:
@@ -202,6 +207,37 @@ def test_each_rule_has_its_expert_message(tmp_path):
     assert not _refused(HEADER + L0 + _delegation() + SIG)
     assert _expert_messages(_pcap(tmp_path / "del.pcap", [HEADER + L0 + _delegation() + SIG])) == [
         ""
+    ]
+
+
+def test_attribute_flags_without_optional_or_transitive_are_a_warning(tmp_path):
+    """The codec refuses an attribute whose flags lack Optional or Transitive (the
+    draft's Format and Flags); tshark warns on its flags field, in the malformed group,
+    and not when both are set, with or without the Partial bit."""
+    value = HEADER + L0 + SIG
+    flags = [0x90, 0x50, 0x10, 0xD0, 0xF0, 0xDF]
+    for flag in flags:
+        attr = bytes([flag, 255]) + len(value).to_bytes(2, "big") + value
+        if flag & 0xC0 == 0xC0:
+            assert wire.decode_attribute_value(attr) == wire.decode(value)
+        else:
+            with pytest.raises(wire.BadValueError, match="lack optional"):
+                wire.decode_attribute_value(attr)
+    pcap = _pcap(tmp_path / "flags.pcap", [value] * len(flags), flags=flags)
+    argv = [_tshark(), "-X", f"lua_script:{LUA}", "-r", str(pcap), "-T", "fields"]
+    argv += ["-e", "_ws.expert.message", "-e", "_ws.expert.severity", "-e", "_ws.expert.group"]
+    argv += ["-E", "occurrence=a", "-E", "aggregator=|"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    assert "Lua Error" not in out.stdout + out.stderr
+    rows = [line.split("\t") for line in out.stdout.split("\n")[:-1]]
+    warn = f"{WARN_SEVERITY}"
+    assert rows == [
+        ["attribute flags 0x90 lack optional+transitive (0xc0)", warn, f"{MALFORMED_GROUP}"],
+        ["attribute flags 0x50 lack optional+transitive (0xc0)", warn, f"{MALFORMED_GROUP}"],
+        ["attribute flags 0x10 lack optional+transitive (0xc0)", warn, f"{MALFORMED_GROUP}"],
+        ["", "", ""],
+        ["", "", ""],
+        ["", "", ""],
     ]
 
 

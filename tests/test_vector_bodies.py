@@ -283,3 +283,19 @@ def test_attribute_vectors(vector):
     with pytest.raises(wire.BadValueError) as info:
         wire.decode_attribute_value(data)
     assert info.value.offset == 0 and vector["message"] == str(info.value)
+
+
+@pytest.mark.parametrize("vector", WIRE["positive"], ids=lambda v: v["name"])
+def test_signature_key_ids_follow_the_derivation_rule(vector):
+    """A Signature TLV's Key ID is 8 octets (the draft's Key Identifiers), and a carried
+    delegation is for the key that signs: its Node Public Key derives that Key ID."""
+    from catsproto.security import key_id
+
+    adv = wire.decode(bytes.fromhex(vector["hex"]))
+    if adv.signature is None:
+        return
+    assert len(adv.signature.key_id) == 8
+    delegation = adv.get(wire.Delegation)
+    if delegation is not None:
+        assert key_id(delegation.node_key) == adv.signature.key_id
+        assert adv.signature.key_id.hex() in vector["description"]

@@ -5,7 +5,8 @@
 -- still reassembles them over TCP. So this is a post-dissector: for every BGP message
 -- the BGP dissector framed (its "bgp" protocol item spans the whole message), it walks
 -- the UPDATE itself, finds the path attributes of our type code (a preference, 255 by
--- default; the Partial and Extended-Length bits are honoured, the rest ignored) and
+-- default; the Partial and Extended-Length bits are honoured, a missing Optional or
+-- Transitive bit is an expert warning, the low four bits are ignored) and
 -- shows every TLV and field under a "catsproto" tree. Field names follow the codec:
 -- catsproto.<tlv>.<field>, e.g. catsproto.origin.cs_id, catsproto.cache_summaries.tier.
 -- The layouts below mirror catsproto/wire/tlvs.py; tests/test_dissector.py checks the
@@ -311,7 +312,10 @@ local e_refused = ProtoExpert.new("catsproto.refused", "Refused by the codec",
 cats.fields = fields
 local e_unknown = ProtoExpert.new("catsproto.unknown_code", "Open code not known here",
                                   expert.group.UNDECODED, expert.severity.NOTE)
-cats.experts = { e_overrun, e_left, e_refused, e_unknown }
+local e_flags = ProtoExpert.new("catsproto.flags_missing",
+                                "Optional or Transitive flag missing",
+                                expert.group.MALFORMED, expert.severity.WARN)
+cats.experts = { e_overrun, e_left, e_refused, e_unknown, e_flags }
 
 local WIDTH = { u8 = 1, u16 = 2, u32 = 4, u64 = 8, f64 = 8, enum8 = 1, enum16 = 2 }
 
@@ -570,7 +574,12 @@ local function dissect_update(tvb, root)
       local stop = math.min(pos + hdr + n, astop)
       local tree = root:add(cats, tvb(pos, stop - pos))
       tree:append_text(string.format(", %d bytes, route %s", n, nlri))
-      tree:add(F.flags, tvb(pos, 1))
+      local flags_item = tree:add(F.flags, tvb(pos, 1))
+      if bit.band(a.flags, 0xC0) ~= 0xC0 then
+        -- the codec refuses it (wire/attribute.py): the attribute is malformed
+        flags_item:add_proto_expert_info(e_flags, string.format(
+          "attribute flags 0x%02x lack optional+transitive (0xc0)", a.flags))
+      end
       tree:add(F.partial, tvb(pos, 1))
       tree:add(F.extended, tvb(pos, 1))
       tree:add(F.type_code, tvb(pos + 1, 1))
