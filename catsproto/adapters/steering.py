@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import hmac
 import http.client
 import ipaddress
 import json
@@ -83,8 +82,12 @@ from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.http import (
     MAX_HANDLERS,
     READ_TIMEOUT_S,
+    UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
     BodyError,
+    bearer_authorised,
+    bearer_challenge,
+    read_api_token,
     read_json_body,
 )
 from catsproto.adapters.instance import mooncake_block_keys
@@ -108,7 +111,6 @@ RACY_NS = 2_000_000_000  # file timestamps may be this coarse (a kernel tick, a 
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
 LISTEN_BACKLOG = 256
-MIN_TOKEN_CHARS = 16  # an API token shorter than this is refused at start
 DEFAULT_MAX_BLOCKS = 1 << 16  # blocks one request may name (SteeringConfig.max_blocks)
 
 
@@ -773,18 +775,6 @@ def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
     return {**answer, "steering": public_answer(answer["steering"]), "reply": reply}
 
 
-def read_api_token(path: str | Path) -> bytes:
-    """The API token in a file (surrounding whitespace stripped): at least 16 characters
-    of printable ASCII, the form a bearer token takes in an HTTP header."""
-    text = Path(path).read_text(encoding="ascii", errors="replace").strip()
-    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in text):
-        raise ValueError(
-            f"API token file {path}: {len(text)} characters; need at least "
-            f"{MIN_TOKEN_CHARS} printable ASCII characters without spaces"
-        )
-    return text.encode("ascii")
-
-
 def post_json(
     url: str, body: Any, timeout: float = 60.0, token: str | bytes | None = None
 ) -> tuple[int, Any]:
@@ -860,7 +850,7 @@ class SteeringServer(BackgroundHTTPServer):
 def _handler(
     service: SteeringService, read_timeout: float, api_token: bytes | None
 ) -> type[BaseHTTPRequestHandler]:
-    expected = b"Bearer " + api_token if api_token is not None else None
+    expected = api_token
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -901,15 +891,13 @@ def _handler(
 
         def _authorised(self) -> bool:
             """True if the caller sent the configured token (compared in constant time)."""
-            sent = self.headers.get("Authorization", "").strip().encode("latin-1", "replace")
-            return expected is not None and hmac.compare_digest(sent, expected)
+            return bearer_authorised(self.headers, expected)
 
         def _refuse_unauthorised(self) -> None:
             """401 to a caller without the configured token, counted; any body is unread."""
             service.unauthorised += 1
             self.close_connection = True
-            error = {"error": "missing or wrong API token (Authorization: Bearer TOKEN)"}
-            self._json(401, error, {"WWW-Authenticate": 'Bearer realm="steering"'})
+            self._json(401, {"error": UNAUTHORISED_ERROR}, bearer_challenge("steering"))
 
         def do_POST(self) -> None:
             if self.path not in ("/decide", "/generate"):
