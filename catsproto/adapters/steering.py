@@ -475,6 +475,9 @@ class SteeringService:
     bad_requests: int = 0  # answered 4xx: the client's body or fields
     unauthorised: int = 0  # answered 401: a missing or wrong API token
     internal_errors: int = 0  # answered 500
+    instance_refused: int = 0  # /generate answered 502: the instance wanted another token
+    # the bearer token sent on every /generate to an instance (--instance-token-file)
+    instance_token: bytes | None = None
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
     # garbage collected between decisions (the daemon's; None: CPython's own collector)
     collector: DecisionCollector | None = None
@@ -564,6 +567,7 @@ class SteeringService:
             "bad_requests": self.bad_requests,
             "internal_errors": self.internal_errors,
             "unauthorised": self.unauthorised,
+            "instance_refused": self.instance_refused,
             "bad_rib_routes": self.feed.bad_routes,
         }
 
@@ -635,8 +639,19 @@ class SteeringService:
         if steering["kv_pull"] is not None:
             forward["kv_source"] = steering["kv_pull"]
         started = time.perf_counter()
-        status, reply = post_json(steering["url"] + "/generate", forward, timeout=timeout)
+        status, reply = post_json(
+            steering["url"] + "/generate", forward, timeout=timeout, token=self.instance_token
+        )
         ttft_ms = 1000 * (time.perf_counter() - started)
+        if status in (401, 403):  # the instance's API token, not the caller's fault
+            with self._lock:
+                self.instance_refused += 1
+            sent = "a wrong token" if self.instance_token is not None else "no token"
+            raise UpstreamError(
+                f"instance {steering['instance']} answered {status} to the proxied request "
+                f"({sent} sent): start the steering daemon with --instance-token-file "
+                "holding the instances' API token"
+            )
         if status != 200:
             raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
         if isinstance(reply, dict) and "expected_blocks" in reply:
@@ -953,6 +968,11 @@ def main(argv: list[str] | None = None) -> int:
         "CS-ID and site only, and /flows and /stale are refused (403)",
     )
     p.add_argument(
+        "--instance-token-file",
+        help="file holding the bearer token the instances' APIs require (their "
+        "--api-token-file), sent on every request POST /generate proxies to them",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=MAX_HANDLERS,
@@ -967,11 +987,19 @@ def main(argv: list[str] | None = None) -> int:
             token = read_api_token(args.api_token_file)
         except (OSError, ValueError) as exc:
             p.error(f"--api-token-file: {exc}")
+    instance_token = None
+    if args.instance_token_file:
+        try:
+            instance_token = read_api_token(args.instance_token_file)
+        except (OSError, ValueError) as exc:
+            p.error(f"--instance-token-file: {exc}")
     try:
         config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
         forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
         collector = DecisionCollector()
-        service = SteeringService(config, forwarder, collector=collector)
+        service = SteeringService(
+            config, forwarder, collector=collector, instance_token=instance_token
+        )
     except (OSError, KeyError, TypeError, ValueError) as exc:
         p.error(f"--config {args.config}: {type(exc).__name__}: {exc}")
     forwarder.kernel_routes()  # open netlink once now, not on the first decision
