@@ -270,6 +270,7 @@ class ServedInstance:
         transfer_port: int = TRANSFER_PORT,
         tiers: tuple[TierSpec, ...] = LAB_TIERS,
         change_threshold: float = 0.05,
+        api_token: bytes | None = None,
     ) -> None:
         from catsproto.adapters.instance import (
             EngineConfig,
@@ -344,7 +345,7 @@ class ServedInstance:
                 on_routes=self._publish,
                 hits=self.engine.hits,
             )
-            self.server = InstanceServer(self.engine, self.node, host, port)
+            self.server = InstanceServer(self.engine, self.node, host, port, api_token=api_token)
             if self.identity is not None and trust is not None:
                 self.transfer = TransferServer(
                     self.identity,
@@ -427,6 +428,7 @@ def serve(
     tiers: tuple[TierSpec, ...] = LAB_TIERS,
     warm: bool = True,
     change_threshold: float = 0.05,
+    api_token: bytes | None = None,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
     the site's demo conversation first (unless `warm` is off). Background:
@@ -449,6 +451,7 @@ def serve(
                     payload_bytes=payload_bytes,
                     tiers=tiers,
                     change_threshold=change_threshold,
+                    api_token=api_token,
                 )
             )
         warmers = [
@@ -506,9 +509,21 @@ def main(argv: list[str] | None = None) -> int:
         default=0.05,
         help="fraction of advertised keys changed that is worth an early update (0: any)",
     )
+    p.add_argument(
+        "--api-token-file",
+        help="bearer token the served instances' HTTP APIs require (see instance serve)",
+    )
     args = p.parse_args(argv)
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
+    api_token = None
+    if args.api_token_file:
+        from catsproto.adapters.http import read_api_token
+
+        try:
+            api_token = read_api_token(args.api_token_file)
+        except (OSError, ValueError) as exc:
+            p.error(f"--api-token-file: {exc}")
     topology = load(args.topology)
     node = topology.nodes[args.node]
     spool = Spool(args.spool)
@@ -532,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             tiers=lab_tiers(args.tiers) if args.tiers else LAB_TIERS,
             warm=not args.no_warm,
             change_threshold=args.change_threshold,
+            api_token=api_token,
         )
         return 0
     instances = [
