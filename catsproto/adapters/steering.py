@@ -28,6 +28,11 @@ instance caches a new prompt). A daemon without a token refuses /stale and /flow
 and shows /rib as who is there only (`public_rib`). /health counts nothing that depends
 on a cache and stays open, for probes.
 
+The instances behind the daemon keep their replies to holders of a token of their own
+(`instance serve --api-token-file`): the daemon sends it on what it proxies
+(``--instance-token-file``; `SteeringService.instance_token`). An instance that refuses
+it (401, 403) makes /generate a 502 naming that option, counted in ``instance_refused``.
+
 Three small parts, each testable alone:
 
 * `RibFeed` keeps a `selector.RIB` in step with the receiver's ``rib.json`` (what the
