@@ -37,14 +37,13 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
 INTERVAL = 6.0
 EVICT_BLOCKS = 48  # a prompt of new blocks large enough to push the conversation out
-# GET an instance's view as the instances' token holder: argv[1] = URL, argv[2] = token file
+# GET an instance's view as the instances' token holder: argv[1] = URL, argv[2] = token
+# file (urllib alone: this runs in a polling loop, where importing catsproto would cost)
 STATE = (
-    "import json, sys\n"
-    "from pathlib import Path\n"
-    "from catsproto.adapters.steering import get_json\n"
-    "status, body = get_json(sys.argv[1], 10, Path(sys.argv[2]).read_text().strip())\n"
-    "assert status == 200, (status, body)\n"
-    "print(json.dumps(body))\n"
+    "import sys, urllib.request\n"
+    "token = open(sys.argv[2]).read().strip()\n"
+    "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + token})\n"
+    "print(urllib.request.urlopen(req, timeout=10).read().decode())\n"
 )
 # GET a steering API view as the token's holder: argv[1] = URL, argv[2] = token file
 API_VIEW = (

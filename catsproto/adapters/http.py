@@ -270,3 +270,10 @@ def bearer_authorised(headers: Message, token: bytes | None) -> bool:
 def bearer_challenge(realm: str) -> dict[str, str]:
     """The header a 401 answer carries (RFC 6750 section 3)."""
     return {"WWW-Authenticate": f'Bearer realm="{realm}"'}
+
+
+def withheld(obj: dict[str, Any], fields: tuple[str, ...], note: str) -> dict[str, Any]:
+    """What a caller without the token is told of `obj`: the `fields` on an allow-list
+    (so a field added later stays withheld until someone judges it safe) and a
+    ``withheld`` note saying why not more and how to serve it."""
+    return {**{k: obj[k] for k in fields if k in obj}, "withheld": note}

@@ -80,6 +80,7 @@ from catsproto.adapters.http import (
     bearer_authorised,
     bearer_challenge,
     read_json_body,
+    withheld,
 )
 from catsproto.adapters.metrics import (
     CONTENT_TYPE,
@@ -755,13 +756,16 @@ def route_json(route: RouteAdvertisement) -> dict[str, Any]:
     }
 
 
-# what a caller gets of a /generate reply when the instance has no API token: an
-# allow-list, so a field added to the reply later is withheld until someone decides it is
-# safe. `blocks` is the prompt's count of full blocks, which the caller knows already;
-# every other field (cached_blocks(_by_tier), cached_tokens, prefill_tokens,
-# model_prefill_ms, queue_wall_ms, expected_blocks, stale, stale_cause, evicted_ms_ago,
-# lost_while_queued, transfer) tells how much of the prompt, or of the prompts queued
-# ahead of it, was cached
+# what a caller without the API token is told of a /generate reply (here, and by the
+# steering daemon of the chosen instance's reply): an allow-list, so a field added to the
+# reply later is withheld until someone decides it is safe. `blocks` is the prompt's count
+# of full blocks, which the caller can work out from its own prompt. The modelled instance
+# generates no output (it answers when prefill ends, the first token); an engine that
+# returns output names its field here. Everything else the reply carries says how much of
+# the prompt was cached: cached_blocks(_by_tier), cached_tokens, prefill_tokens,
+# model_prefill_ms, expected_blocks, stale, stale_cause, evicted_ms_ago,
+# lost_while_queued, transfer, and queue_wall_ms (the queue's wait is the prefill of the
+# requests ahead, so it tells of other callers' cache hits).
 PUBLIC_REPLY_FIELDS = ("blocks",)
 REPLY_WITHHELD_NOTE = (
     "no API token configured: cached-block and cached-token counts, stale-hit verdict, "
@@ -774,10 +778,7 @@ TOKEN_VIEWS = ("/state", "/advertisements", "/metrics")
 
 def public_reply(reply: dict[str, Any]) -> dict[str, Any]:
     """A /generate reply as a caller gets it from an instance without an API token."""
-    return {
-        **{k: reply[k] for k in PUBLIC_REPLY_FIELDS if k in reply},
-        "withheld": REPLY_WITHHELD_NOTE,
-    }
+    return withheld(reply, PUBLIC_REPLY_FIELDS, REPLY_WITHHELD_NOTE)
 
 
 def refused_without_token(path: str) -> str:

@@ -94,8 +94,9 @@ from catsproto.adapters.http import (
     bearer_challenge,
     read_api_token,
     read_json_body,
+    withheld,
 )
-from catsproto.adapters.instance import mooncake_block_keys
+from catsproto.adapters.instance import PUBLIC_REPLY_FIELDS, mooncake_block_keys
 from catsproto.adapters.stop import StopSignal
 from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
@@ -723,21 +724,11 @@ WITHHELD_NOTE = (
 
 def public_answer(answer: dict[str, Any]) -> dict[str, Any]:
     """A decision as a caller without a token gets it: the choice only, and why not more."""
-    out = {k: answer[k] for k in PUBLIC_FIELDS if k in answer}
-    out["withheld"] = WITHHELD_NOTE
-    return out
+    return withheld(answer, PUBLIC_FIELDS, WITHHELD_NOTE)
 
 
-# what a caller without an API token is told of the chosen instance's /generate reply: an
-# allow-list, so a field an instance adds later is withheld until someone decides it is
-# safe. The instance's `blocks` is the prompt's count of full blocks, which the caller can
-# work out from its own prompt. The modelled instance generates no output (it answers
-# when prefill ends, the first token); an engine that returns output names its field here.
-# Everything else it reports says how much of the prompt was cached: cached_blocks(_by_tier),
-# cached_tokens, prefill_tokens, model_prefill_ms, expected_blocks, stale, stale_cause,
-# evicted_ms_ago, lost_while_queued, transfer, and queue_wall_ms (the queue's wait is the
-# prefill of the requests ahead, so it tells of other callers' cache hits).
-PUBLIC_REPLY_FIELDS = ("blocks",)
+# what a caller without an API token is told of the chosen instance's /generate reply:
+# the instance's own allow-list (`instance.PUBLIC_REPLY_FIELDS`, which says why)
 REPLY_WITHHELD_NOTE = (
     "no API token configured: the instance's cached-block and cached-token counts, "
     "stale-hit verdict, transfer and prefill/queue timings are withheld (start the daemon "
@@ -776,10 +767,7 @@ def refused_without_token(path: str) -> str:
 
 def public_rib(view: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The RIB view as a caller without a token gets it: who is there, and why not more."""
-    return [
-        {**{k: entry[k] for k in PUBLIC_RIB_FIELDS if k in entry}, "withheld": RIB_WITHHELD_NOTE}
-        for entry in view
-    ]
+    return [withheld(entry, PUBLIC_RIB_FIELDS, RIB_WITHHELD_NOTE) for entry in view]
 
 
 def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
@@ -788,8 +776,7 @@ def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
     time (`proxy_ttft_ms`, which the caller measures anyway by timing its request)."""
     reply = answer.get("reply")
     if isinstance(reply, dict):
-        reply = {k: reply[k] for k in PUBLIC_REPLY_FIELDS if k in reply}
-        reply["withheld"] = REPLY_WITHHELD_NOTE
+        reply = withheld(reply, PUBLIC_REPLY_FIELDS, REPLY_WITHHELD_NOTE)
     else:  # not a JSON object: nothing in it is known to be safe
         reply = {"withheld": REPLY_WITHHELD_NOTE}
     return {**answer, "steering": public_answer(answer["steering"]), "reply": reply}
