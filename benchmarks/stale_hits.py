@@ -53,12 +53,17 @@ sys.path.insert(0, str(ROOT))
 from catsproto.adapters.steering import post_json  # noqa: E402
 from catsproto.adapters.trace import find_trace, read_trace  # noqa: E402
 
+# every instance's GET /state: argv[1] = the instances' token file, then their URLs
 STATE_SCRIPT = (
-    "import json, sys, urllib.request\n"
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from catsproto.adapters.steering import get_json\n"
+    "token = Path(sys.argv[1]).read_text().strip()\n"
     "out = []\n"
-    "for url in sys.argv[1:]:\n"
-    "    with urllib.request.urlopen(url + '/state', timeout=10) as r:\n"
-    "        out.append(json.load(r))\n"
+    "for url in sys.argv[2:]:\n"
+    "    status, body = get_json(url + '/state', 10, token)\n"
+    "    assert status == 200, (url, status, body)\n"
+    "    out.append(body)\n"
     "print(json.dumps(out))\n"
 )
 
@@ -226,7 +231,9 @@ def lab_run(interval: float, args: argparse.Namespace, trace: Path) -> dict[str,
         for name, node in lab.topology.nodes.items():
             if node.instances:
                 urls = [f"http://{s.address}:8100" for s in node.instances]
-                text = lab.handle.run(name, [sys.executable, "-c", STATE_SCRIPT, *urls], 30)
+                token = str(flows.instances_token_file(lab))
+                argv = [sys.executable, "-c", STATE_SCRIPT, token, *urls]
+                text = lab.handle.run(name, argv, 30)
                 states += json.loads(text)
         delays = sorted(
             e["time"] * 1000 - e["entry"]["timestamp_ms"]

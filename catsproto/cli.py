@@ -306,15 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # the words its errors start with: a subcommand may name itself whole, as argparse's
+    # own errors for it do (`catsproto instance serve: ...`)
+    prog = getattr(args, "command_prog", None) or f"catsproto {args.command}"
     try:
         return args.func(args)
     except (wire.CodecError, UsageError) as exc:
-        print(f"catsproto {args.command}: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:  # Ctrl-C: what the command started is cleaned up on the way
-        print(f"catsproto {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

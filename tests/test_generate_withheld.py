@@ -22,6 +22,7 @@ from tests.test_http_hostile import TOKEN, _post, _raw, _service, _status
 
 CACHED = {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}  # primed below
 UNCACHED = {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(2)}  # same length, cold
+INSTANCE_TOKEN = b"instance-token-of-the-withheld-tests"  # the instance's; steering sends it
 # every field the modelled instance's /generate reply can carry that tells of its cache
 CACHE_STATE = ("cached_blocks", "cached_blocks_by_tier", "cached_tokens", "prefill_tokens",
                "model_prefill_ms", "queue_wall_ms", "expected_blocks", "stale", "stale_cause",
@@ -33,10 +34,10 @@ def instance():
     engine = ModelledEngine(
         EngineConfig(block_size=instances.BLOCK_TOKENS, time_scale=1000.0, replay_endpoint=None)
     )
-    srv = InstanceServer(engine, None, request_deadline=5.0).start()
+    srv = InstanceServer(engine, None, request_deadline=5.0, api_token=INSTANCE_TOKEN).start()
     try:
         prime = {"prompt_token_ids": CACHED["prompt_token_ids"]}
-        status, primed = post_json(srv.url + "/generate", prime)
+        status, primed = post_json(srv.url + "/generate", prime, token=INSTANCE_TOKEN)
         assert status == 200 and primed["cached_blocks"] == 0
         yield srv
     finally:
@@ -45,6 +46,7 @@ def instance():
 
 def _steering(tmp_path, instance: InstanceServer, token: bytes | None) -> SteeringServer:
     service = _service(tmp_path)
+    service.instance_token = INSTANCE_TOKEN
     decide = service.decide  # the chosen instance's address is a lab one: send it to ours
     service.decide = lambda body: {**decide(body), "url": instance.url}  # type: ignore[method-assign]
     return SteeringServer(service, read_timeout=5.0, api_token=token).start()

@@ -29,11 +29,13 @@ from catsproto.wire import Tier
 SECRET = b"i" * 32
 BS = 16
 TIERS = (TierSpec(Tier.HBM, 8, 5, 1_600_000), TierSpec(Tier.DRAM, 64, 30, 400_000))
+TOKEN = b"instance-test-token-0123456789"  # the tests below hold the API token
+AUTH = {"Authorization": "Bearer " + TOKEN.decode()}
 
 
 def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(
-        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json", **AUTH}
     )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -43,7 +45,7 @@ def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def get(url: str, path: str) -> bytes:
-    with urllib.request.urlopen(url + path, timeout=10) as resp:
+    with urllib.request.urlopen(urllib.request.Request(url + path, None, AUTH), timeout=10) as resp:
         return resp.read()
 
 
@@ -67,7 +69,7 @@ def start(key_mode: KeyMode = KeyMode.TOKENS) -> tuple[InstanceServer, NodeAgent
         engine="mooncake" if key_mode is KeyMode.ENGINE_IDS else "vllm",
         hits=engine.hits,
     )
-    return InstanceServer(engine, node).start(), node
+    return InstanceServer(engine, node, api_token=TOKEN).start(), node
 
 
 @pytest.fixture
@@ -223,6 +225,8 @@ def test_tier_option_parsing() -> None:
 
 def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "adverts.jsonl"
+    token_file = tmp_path / "token"
+    token_file.write_bytes(TOKEN + b"\n")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -242,6 +246,8 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
             "0",
             "--adverts-out",
             str(out),
+            "--api-token-file",
+            str(token_file),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -296,7 +302,7 @@ def test_os_errors_name_the_option_and_the_address_once(rest: list[str], says: s
         timeout=60,
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr == f"catsproto instance: {says}\n"
+    assert r.stderr == f"catsproto instance {rest[0]}: {says}\n"
 
 
 def test_max_message_help_says_what_is_accepted() -> None:

@@ -37,9 +37,13 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"
 INTERVAL = 6.0
 EVICT_BLOCKS = 48  # a prompt of new blocks large enough to push the conversation out
+# GET an instance's view as the instances' token holder: argv[1] = URL, argv[2] = token
+# file (urllib alone: this runs in a polling loop, where importing catsproto would cost)
 STATE = (
-    "import json, sys, urllib.request\n"
-    "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+    "import sys, urllib.request\n"
+    "token = open(sys.argv[2]).read().strip()\n"
+    "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + token})\n"
+    "print(urllib.request.urlopen(req, timeout=10).read().decode())\n"
 )
 # GET a steering API view as the token's holder: argv[1] = URL, argv[2] = token file
 API_VIEW = (
@@ -98,7 +102,8 @@ def _x_sequence(lab: runner.Lab) -> int:
 
 
 def _json_in(lab: runner.Lab, node: str, url: str) -> dict:
-    return json.loads(lab.handle.run(node, [sys.executable, "-c", STATE, url], 20))
+    token = str(flows.instances_token_file(lab))
+    return json.loads(lab.handle.run(node, [sys.executable, "-c", STATE, url, token], 20))
 
 
 def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_selector(lab):
@@ -108,6 +113,7 @@ def test_an_eviction_between_advertisements_is_a_stale_hit_and_then_reaches_the_
     lab.wait_for(lambda: _x_sequence(lab) > seq, 2 * INTERVAL + 15, "X's next advertisement")
     heard, heard_wall = time.monotonic(), time.time()
     argv = [sys.executable, "-c", RANDOM_PROMPT, f"http://{X}:8100", str(EVICT_BLOCKS)]
+    argv.append(str(flows.instances_token_file(lab)))
     evictors = [lab.handle.start("e3", f"evict{i}", argv) for i in range(3)]
 
     def evicted() -> bool:

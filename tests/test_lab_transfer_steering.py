@@ -88,7 +88,10 @@ def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
         lab.handle.start(
             "e3",
             f"load-{addr}",
-            [sys.executable, "-c", RANDOM_PROMPT, f"http://{addr}:8100", str(LOAD_BLOCKS)],
+            [
+                *(sys.executable, "-c", RANDOM_PROMPT, f"http://{addr}:8100", str(LOAD_BLOCKS)),
+                str(flows.instances_token_file(lab)),
+            ],
         )
         for addr in (X, X_MATE)
     ]

@@ -11,7 +11,9 @@ the difference is prefill time (on the real clock: time scale 1).
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -115,3 +117,28 @@ def test_select_command_explains_a_decision_against_the_running_lab(lab):
     assert "cached 24 blocks" in text and "runner-up:" in text
     assert "would install): 10.104.0.11/32 via 10.0.11.2" in text
     assert "network-only CATS (no cache knowledge) would pick 10.101.0." in text
+
+
+# GET an instance's /state and /health with the token read from argv[2] (or none: "-")
+ASK_INSTANCE = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from catsproto.adapters.steering import get_json\n"
+    "token = None if sys.argv[2] == '-' else Path(sys.argv[2]).read_text().strip()\n"
+    "print(json.dumps([get_json(sys.argv[1] + p, 10, token) for p in ('/state', '/health')]))\n"
+)
+
+
+def test_the_lab_instances_answer_only_the_holders_of_the_lab_token(lab):
+    token = flows.instances_token_file(lab)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text().strip()) >= 32
+    url = f"http://{REMOTE}:8100"
+
+    def ask(token_file: str) -> list:
+        argv = [sys.executable, "-c", ASK_INSTANCE, url, token_file]
+        return json.loads(lab.handle.run("client", argv, 20))
+
+    (state_status, _), (_, health) = ask("-")
+    assert state_status == 401 and health["unauthorised"] >= 1
+    (state_status, state), _ = ask(str(token))
+    assert state_status == 200 and sum(state["engine"]["blocks"].values()) >= 24

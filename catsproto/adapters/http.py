@@ -13,10 +13,16 @@ both here so every server built on `BackgroundHTTPServer` has them:
   it. A keep-alive connection that sends no next request is closed at the same deadline.
 
 Both are counted in `HTTPStats` (``server.httpd.stats``), which the daemons show.
+
+Bearer tokens. A daemon that serves what must not reach everybody takes a token from a
+file (`read_api_token`) and checks ``Authorization: Bearer TOKEN`` on each request with
+`bearer_authorised` (constant time); a caller without it is answered ``401`` with the
+`bearer_challenge` of the daemon's realm, before any body is read.
 """
 
 from __future__ import annotations
 
+import hmac
 import io
 import json
 import socket
@@ -24,12 +30,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Self
 
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 READ_TIMEOUT_S = 10.0  # one request (line, headers, body) must arrive within this
 MAX_HANDLERS = 512  # connections served at once (twice the listen backlog daemons use)
+MIN_TOKEN_CHARS = 16  # an API token shorter than this is refused at start
+UNAUTHORISED_ERROR = "missing or wrong API token (Authorization: Bearer TOKEN)"
 
 _BUSY_BODY = b'{"error": "server busy: too many connections, try again"}'
 _BUSY_REPLY = (
@@ -231,3 +241,39 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -
     except RecursionError:  # the parser counts its nesting against Python's limit
         limit = sys.getrecursionlimit()
         raise BodyError(400, f"body: arrays/objects nest deeper than about {limit}") from None
+
+
+# ---- bearer tokens --------------------------------------------------------------------
+
+
+def read_api_token(path: str | Path) -> bytes:
+    """The API token in a file (surrounding whitespace stripped): at least 16 characters
+    of printable ASCII, the form a bearer token takes in an HTTP header."""
+    text = Path(path).read_text(encoding="ascii", errors="replace").strip()
+    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in text):
+        raise ValueError(
+            f"API token file {path}: {len(text)} characters; need at least "
+            f"{MIN_TOKEN_CHARS} printable ASCII characters without spaces"
+        )
+    return text.encode("ascii")
+
+
+def bearer_authorised(headers: Message, token: bytes | None) -> bool:
+    """True if the request's Authorization header is ``Bearer TOKEN`` for the configured
+    `token` (compared in constant time); always False when no token is configured."""
+    if token is None:
+        return False
+    sent = headers.get("Authorization", "").strip().encode("latin-1", "replace")
+    return hmac.compare_digest(sent, b"Bearer " + token)
+
+
+def bearer_challenge(realm: str) -> dict[str, str]:
+    """The header a 401 answer carries (RFC 6750 section 3)."""
+    return {"WWW-Authenticate": f'Bearer realm="{realm}"'}
+
+
+def withheld(obj: dict[str, Any], fields: tuple[str, ...], note: str) -> dict[str, Any]:
+    """What a caller without the token is told of `obj`: the `fields` on an allow-list
+    (so a field added later stays withheld until someone judges it safe) and a
+    ``withheld`` note saying why not more and how to serve it."""
+    return {**{k: obj[k] for k in fields if k in obj}, "withheld": note}

@@ -22,6 +22,17 @@ exposes its counters. Compute metrics come from a callable (here the engine's qu
     GET  /state      the engine's queue and cache, the node's counters, stale hits
     GET  /advertisements   the latest advertisement per route (hex and JSON)
     GET  /metrics    Prometheus text
+    GET  /health     {"ok": true, "unauthorised": N}: open, counts nothing of any cache
+
+Who may ask. A /generate reply says how much of the prompt was cached, so anyone who can
+guess a prompt learns whether somebody else sent it; /state, /advertisements and
+/metrics show the cache itself. With an API token (``api_token``; `instance serve
+--api-token-file`) those four take only callers that send ``Authorization: Bearer
+TOKEN`` (others get 401, their body unread, counted in ``unauthorised``). Without one,
+/generate still serves everybody but answers with the block count alone
+(`public_reply`: a cached and a cold prompt get the same body; only the time the
+answer takes still differs, as it does on any engine that reuses a cache), and the
+three views are refused (403).
 
 KV payloads and pulls. With ``payload_bytes`` > 0 (and a `BlockKeyer`) the engine keeps a
 synthetic payload per cached block under its advertised block key (`StoredBlock`, digest
@@ -63,9 +74,13 @@ import zmq
 from catsproto import wire
 from catsproto.adapters.http import (
     READ_TIMEOUT_S,
+    UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
     BodyError,
+    bearer_authorised,
+    bearer_challenge,
     read_json_body,
+    withheld,
 )
 from catsproto.adapters.metrics import (
     CONTENT_TYPE,
@@ -111,6 +126,7 @@ __all__ = [
     "ModelledEngine",
     "NodeAgent",
     "PromptError",
+    "public_reply",
     "vllm_block_hash",
 ]
 
@@ -740,8 +756,45 @@ def route_json(route: RouteAdvertisement) -> dict[str, Any]:
     }
 
 
+# what a caller without the API token is told of a /generate reply (here, and by the
+# steering daemon of the chosen instance's reply): an allow-list, so a field added to the
+# reply later is withheld until someone decides it is safe. `blocks` is the prompt's count
+# of full blocks, which the caller can work out from its own prompt. The modelled instance
+# generates no output (it answers when prefill ends, the first token); an engine that
+# returns output names its field here. Everything else the reply carries says how much of
+# the prompt was cached: cached_blocks(_by_tier), cached_tokens, prefill_tokens,
+# model_prefill_ms, expected_blocks, stale, stale_cause, evicted_ms_ago,
+# lost_while_queued, transfer, and queue_wall_ms (the queue's wait is the prefill of the
+# requests ahead, so it tells of other callers' cache hits).
+PUBLIC_REPLY_FIELDS = ("blocks",)
+REPLY_WITHHELD_NOTE = (
+    "no API token configured: cached-block and cached-token counts, stale-hit verdict, "
+    "transfer and prefill/queue timings are withheld (start the instance with "
+    "--api-token-file to serve them to token holders)"
+)
+# the GET views that show the cache; an instance without a token refuses them (403)
+TOKEN_VIEWS = ("/state", "/advertisements", "/metrics")
+
+
+def public_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """A /generate reply as a caller gets it from an instance without an API token."""
+    return withheld(reply, PUBLIC_REPLY_FIELDS, REPLY_WITHHELD_NOTE)
+
+
+def refused_without_token(path: str) -> str:
+    """The error an instance without an API token answers a GET of `path` with (403)."""
+    return (
+        f"GET {path} is served only to API token holders and no API token is configured: "
+        "start the instance with --api-token-file (it shows the cache, which would tell "
+        "anyone whether a prompt of theirs was sent before)"
+    )
+
+
 class InstanceServer(BackgroundHTTPServer):
-    """HTTP front of an engine and (optionally) its node agent."""
+    """HTTP front of an engine and (optionally) its node agent. With an `api_token`,
+    POST /generate and GET /state, /advertisements, /metrics take only callers that send
+    it as a bearer token (others get 401); without one, /generate answers everyone with
+    `public_reply` and the views are refused (403). GET /health is open."""
 
     def __init__(
         self,
@@ -751,11 +804,22 @@ class InstanceServer(BackgroundHTTPServer):
         port: int = 0,
         *,
         request_deadline: float = READ_TIMEOUT_S,
+        api_token: bytes | None = None,
     ) -> None:
         self.engine = engine
         self.node = node
+        self.api_token = api_token
+        self.unauthorised = 0  # answered 401: a missing or wrong API token
+        self._count_lock = threading.Lock()
         super().__init__(_handler(self), host, port, request_deadline=request_deadline)
         self.httpd.socket.listen(256)  # bursts from a steering proxy; the stdlib's is 5
+
+    def count_unauthorised(self) -> None:
+        with self._count_lock:
+            self.unauthorised += 1
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "unauthorised": self.unauthorised}
 
     def close(self) -> None:
         super().close()
@@ -765,6 +829,8 @@ class InstanceServer(BackgroundHTTPServer):
 
 
 def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
+    token = server.api_token
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # no delayed-ACK stall on keep-alive replies
@@ -772,30 +838,58 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        def _send(
+            self,
+            status: int,
+            body: bytes,
+            ctype: str = "application/json",
+            headers: dict[str, str] | None = None,
+        ) -> None:
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def _json(self, status: int, obj: Any) -> None:
-            self._send(status, json_body(obj))
+        def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+            self._send(status, json_body(obj), headers=headers)
+
+        def _refused(self) -> bool:
+            """With a token configured, answer 401 to a caller without it (counted; any
+            body is left unread and the connection closed) and return True."""
+            if token is None or bearer_authorised(self.headers, token):
+                return False
+            server.count_unauthorised()
+            self.close_connection = True
+            self._json(401, {"error": UNAUTHORISED_ERROR}, bearer_challenge("instance"))
+            return True
 
         def do_GET(self) -> None:
-            if self.path == "/state":
+            if self.path == "/health":
+                self._json(200, server.health())
+                return
+            known = self.path == "/state" or (self.path in TOKEN_VIEWS and server.node is not None)
+            if not known:
+                self._json(404, {"error": f"no {self.path}"})
+            elif self._refused():
+                return
+            elif token is None:
+                self._json(403, {"error": refused_without_token(self.path)})
+            elif self.path == "/state":
                 node = server.node.state() if server.node is not None else None
                 self._json(200, {"engine": server.engine.state(), "node": node})
             elif self.path == "/advertisements" and server.node is not None:
                 self._json(200, server.node.advertisements())
-            elif self.path == "/metrics" and server.node is not None:
+            elif server.node is not None:
                 self._send(200, server.node.metrics(), CONTENT_TYPE)
-            else:
-                self._json(404, {"error": f"no {self.path}"})
 
         def do_POST(self) -> None:
             if self.path != "/generate":
                 self._json(404, {"error": f"no {self.path}"})
+                return
+            if self._refused():
                 return
             try:
                 body = read_json_body(self)
@@ -809,6 +903,6 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
             except (PromptError, ValueError) as exc:
                 self._json(400, {"error": str(exc)})
                 return
-            self._json(200, result)
+            self._json(200, result if token is not None else public_reply(result))
 
     return Handler

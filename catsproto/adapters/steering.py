@@ -28,6 +28,11 @@ instance caches a new prompt). A daemon without a token refuses /stale and /flow
 and shows /rib as who is there only (`public_rib`). /health counts nothing that depends
 on a cache and stays open, for probes.
 
+The instances behind the daemon keep their replies to holders of a token of their own
+(`instance serve --api-token-file`): the daemon sends it on what it proxies
+(``--instance-token-file``; `SteeringService.instance_token`). An instance that refuses
+it (401, 403) makes /generate a 502 naming that option, counted in ``instance_refused``.
+
 Three small parts, each testable alone:
 
 * `RibFeed` keeps a `selector.RIB` in step with the receiver's ``rib.json`` (what the
@@ -61,7 +66,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import hmac
 import http.client
 import ipaddress
 import json
@@ -83,11 +87,16 @@ from catsproto.adapters.collector import DecisionCollector
 from catsproto.adapters.http import (
     MAX_HANDLERS,
     READ_TIMEOUT_S,
+    UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
     BodyError,
+    bearer_authorised,
+    bearer_challenge,
+    read_api_token,
     read_json_body,
+    withheld,
 )
-from catsproto.adapters.instance import mooncake_block_keys
+from catsproto.adapters.instance import PUBLIC_REPLY_FIELDS, mooncake_block_keys
 from catsproto.adapters.stop import StopSignal
 from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
@@ -108,7 +117,6 @@ RACY_NS = 2_000_000_000  # file timestamps may be this coarse (a kernel tick, a 
 ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
 LISTEN_BACKLOG = 256
-MIN_TOKEN_CHARS = 16  # an API token shorter than this is refused at start
 DEFAULT_MAX_BLOCKS = 1 << 16  # blocks one request may name (SteeringConfig.max_blocks)
 
 
@@ -475,6 +483,9 @@ class SteeringService:
     bad_requests: int = 0  # answered 4xx: the client's body or fields
     unauthorised: int = 0  # answered 401: a missing or wrong API token
     internal_errors: int = 0  # answered 500
+    instance_refused: int = 0  # /generate answered 502: the instance wanted another token
+    # the bearer token sent on every /generate to an instance (--instance-token-file)
+    instance_token: bytes | None = None
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
     # garbage collected between decisions (the daemon's; None: CPython's own collector)
     collector: DecisionCollector | None = None
@@ -564,6 +575,7 @@ class SteeringService:
             "bad_requests": self.bad_requests,
             "internal_errors": self.internal_errors,
             "unauthorised": self.unauthorised,
+            "instance_refused": self.instance_refused,
             "bad_rib_routes": self.feed.bad_routes,
         }
 
@@ -635,8 +647,19 @@ class SteeringService:
         if steering["kv_pull"] is not None:
             forward["kv_source"] = steering["kv_pull"]
         started = time.perf_counter()
-        status, reply = post_json(steering["url"] + "/generate", forward, timeout=timeout)
+        status, reply = post_json(
+            steering["url"] + "/generate", forward, timeout=timeout, token=self.instance_token
+        )
         ttft_ms = 1000 * (time.perf_counter() - started)
+        if status in (401, 403):  # the instance's API token, not the caller's fault
+            with self._lock:
+                self.instance_refused += 1
+            sent = "a wrong token" if self.instance_token is not None else "no token"
+            raise UpstreamError(
+                f"instance {steering['instance']} answered {status} to the proxied request "
+                f"({sent} sent): start the steering daemon with --instance-token-file "
+                "holding the instances' API token"
+            )
         if status != 200:
             raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
         if isinstance(reply, dict) and "expected_blocks" in reply:
@@ -703,21 +726,11 @@ WITHHELD_NOTE = (
 
 def public_answer(answer: dict[str, Any]) -> dict[str, Any]:
     """A decision as a caller without a token gets it: the choice only, and why not more."""
-    out = {k: answer[k] for k in PUBLIC_FIELDS if k in answer}
-    out["withheld"] = WITHHELD_NOTE
-    return out
+    return withheld(answer, PUBLIC_FIELDS, WITHHELD_NOTE)
 
 
-# what a caller without an API token is told of the chosen instance's /generate reply: an
-# allow-list, so a field an instance adds later is withheld until someone decides it is
-# safe. The instance's `blocks` is the prompt's count of full blocks, which the caller can
-# work out from its own prompt. The modelled instance generates no output (it answers
-# when prefill ends, the first token); an engine that returns output names its field here.
-# Everything else it reports says how much of the prompt was cached: cached_blocks(_by_tier),
-# cached_tokens, prefill_tokens, model_prefill_ms, expected_blocks, stale, stale_cause,
-# evicted_ms_ago, lost_while_queued, transfer, and queue_wall_ms (the queue's wait is the
-# prefill of the requests ahead, so it tells of other callers' cache hits).
-PUBLIC_REPLY_FIELDS = ("blocks",)
+# what a caller without an API token is told of the chosen instance's /generate reply:
+# the instance's own allow-list (`instance.PUBLIC_REPLY_FIELDS`, which says why)
 REPLY_WITHHELD_NOTE = (
     "no API token configured: the instance's cached-block and cached-token counts, "
     "stale-hit verdict, transfer and prefill/queue timings are withheld (start the daemon "
@@ -756,10 +769,7 @@ def refused_without_token(path: str) -> str:
 
 def public_rib(view: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The RIB view as a caller without a token gets it: who is there, and why not more."""
-    return [
-        {**{k: entry[k] for k in PUBLIC_RIB_FIELDS if k in entry}, "withheld": RIB_WITHHELD_NOTE}
-        for entry in view
-    ]
+    return [withheld(entry, PUBLIC_RIB_FIELDS, RIB_WITHHELD_NOTE) for entry in view]
 
 
 def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
@@ -768,23 +778,10 @@ def public_generate(answer: dict[str, Any]) -> dict[str, Any]:
     time (`proxy_ttft_ms`, which the caller measures anyway by timing its request)."""
     reply = answer.get("reply")
     if isinstance(reply, dict):
-        reply = {k: reply[k] for k in PUBLIC_REPLY_FIELDS if k in reply}
-        reply["withheld"] = REPLY_WITHHELD_NOTE
+        reply = withheld(reply, PUBLIC_REPLY_FIELDS, REPLY_WITHHELD_NOTE)
     else:  # not a JSON object: nothing in it is known to be safe
         reply = {"withheld": REPLY_WITHHELD_NOTE}
     return {**answer, "steering": public_answer(answer["steering"]), "reply": reply}
-
-
-def read_api_token(path: str | Path) -> bytes:
-    """The API token in a file (surrounding whitespace stripped): at least 16 characters
-    of printable ASCII, the form a bearer token takes in an HTTP header."""
-    text = Path(path).read_text(encoding="ascii", errors="replace").strip()
-    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in text):
-        raise ValueError(
-            f"API token file {path}: {len(text)} characters; need at least "
-            f"{MIN_TOKEN_CHARS} printable ASCII characters without spaces"
-        )
-    return text.encode("ascii")
 
 
 def post_json(
@@ -862,7 +859,7 @@ class SteeringServer(BackgroundHTTPServer):
 def _handler(
     service: SteeringService, read_timeout: float, api_token: bytes | None
 ) -> type[BaseHTTPRequestHandler]:
-    expected = b"Bearer " + api_token if api_token is not None else None
+    expected = api_token
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -903,15 +900,13 @@ def _handler(
 
         def _authorised(self) -> bool:
             """True if the caller sent the configured token (compared in constant time)."""
-            sent = self.headers.get("Authorization", "").strip().encode("latin-1", "replace")
-            return expected is not None and hmac.compare_digest(sent, expected)
+            return bearer_authorised(self.headers, expected)
 
         def _refuse_unauthorised(self) -> None:
             """401 to a caller without the configured token, counted; any body is unread."""
             service.unauthorised += 1
             self.close_connection = True
-            error = {"error": "missing or wrong API token (Authorization: Bearer TOKEN)"}
-            self._json(401, error, {"WWW-Authenticate": 'Bearer realm="steering"'})
+            self._json(401, {"error": UNAUTHORISED_ERROR}, bearer_challenge("steering"))
 
         def do_POST(self) -> None:
             if self.path not in ("/decide", "/generate"):
@@ -967,6 +962,11 @@ def main(argv: list[str] | None = None) -> int:
         "CS-ID and site only, and /flows and /stale are refused (403)",
     )
     p.add_argument(
+        "--instance-token-file",
+        help="file holding the bearer token the instances' APIs require (their "
+        "--api-token-file), sent on every request POST /generate proxies to them",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=MAX_HANDLERS,
@@ -981,11 +981,19 @@ def main(argv: list[str] | None = None) -> int:
             token = read_api_token(args.api_token_file)
         except (OSError, ValueError) as exc:
             p.error(f"--api-token-file: {exc}")
+    instance_token = None
+    if args.instance_token_file:
+        try:
+            instance_token = read_api_token(args.instance_token_file)
+        except (OSError, ValueError) as exc:
+            p.error(f"--instance-token-file: {exc}")
     try:
         config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
         forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)
         collector = DecisionCollector()
-        service = SteeringService(config, forwarder, collector=collector)
+        service = SteeringService(
+            config, forwarder, collector=collector, instance_token=instance_token
+        )
     except (OSError, KeyError, TypeError, ValueError) as exc:
         p.error(f"--config {args.config}: {type(exc).__name__}: {exc}")
     forwarder.kernel_routes()  # open netlink once now, not on the first decision

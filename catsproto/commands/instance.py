@@ -157,11 +157,22 @@ def _port(value: int) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import zmq
 
+    from catsproto.adapters.http import read_api_token
     from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine, NodeAgent
     from catsproto.adapters.vllm_events import RankEndpoint
 
     tiers = _tiers(args)
     port = _port(args.port)
+    token = None
+    if args.api_token_file is not None:
+        try:
+            token = read_api_token(args.api_token_file)
+        except OSError as exc:
+            raise UsageError(
+                f"--api-token-file {args.api_token_file}: cannot read it: {exc.strerror or exc}"
+            ) from None
+        except ValueError as exc:
+            raise UsageError(f"--api-token-file: {exc}") from None
     for name, value in (("--prefill-rate", args.prefill_rate), ("--time-scale", args.time_scale)):
         if not 0 < value < math.inf:  # also refuses NaN
             raise UsageError(f"{name} {value} is not a positive number")
@@ -202,7 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 hits=engine.hits,
             ).start()
         try:
-            server = InstanceServer(engine, node, args.host, port).start()
+            server = InstanceServer(engine, node, args.host, port, api_token=token).start()
         except OSError as exc:
             raise UsageError(
                 f"--host {args.host} --port {port}: cannot listen: {exc.strerror or exc}"
@@ -413,9 +424,16 @@ def register(subparsers: Any) -> None:
         default="tokens",
         help="key blocks by token ids, or by Mooncake hash_ids",
     )
+    s.add_argument(
+        "--api-token-file",
+        help="file holding the bearer token (16+ printable ASCII characters) that POST "
+        "/generate and GET /state, /advertisements, /metrics require (GET /health stays "
+        "open); without it /generate answers anyone with the block count only (nothing of "
+        "what was cached) and the GET views are refused (403)",
+    )
     s.add_argument("--no-node", action="store_true", help="run the engine only")
     _common(s, secret_required=False)
-    s.set_defaults(func=_serve_checked)
+    s.set_defaults(func=_serve_checked, command_prog=s.prog)
 
     n = sub.add_parser(
         "node",
@@ -435,7 +453,7 @@ def register(subparsers: Any) -> None:
         "ports plus r",
     )
     _common(n, secret_required=True)
-    n.set_defaults(func=cmd_node)
+    n.set_defaults(func=cmd_node, command_prog=n.prog)
 
 
 def _serve_checked(args: argparse.Namespace) -> int:

@@ -13,7 +13,10 @@ instance for comparison. `Capture` runs tcpdump on one link end, by PID.
 
 The API runs with a bearer token (`--api-token-file`, a fresh random token per start,
 in the ingress's run directory): the lab's clients read it from there and get whole
-decisions; a caller without it gets 401 (docs/steering.md, "Who may ask").
+decisions; a caller without it gets 401 (docs/steering.md, "Who may ask"). The lab's instances
+take a token of their own (`instances_token_file`, one per lab, written by the runner
+before they start): the steering API sends it on what it proxies, and the client sends
+it when it asks an instance directly.
 
 There is no netem in the lab machines' kernel, so link delays are not applied: the TTFT
 a client measures is prefill (and queue) time plus sub-millisecond forwarding.
@@ -134,19 +137,31 @@ def api_token_file(lab: Lab) -> Path:
     return lab.node_dir(ingress_node(lab.topology)) / "steering.token"
 
 
+def instances_token_file(lab: Lab) -> Path:
+    """The file holding the bearer token of the lab's instances (`write_token_file`)."""
+    return lab.run_dir / "instances.token"
+
+
+def write_token_file(path: Path) -> Path:
+    """A fresh random bearer token in `path`, readable by its owner only (0600); a file
+    left there before is replaced, never reused."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
     """The steering API in the ingress's namespace, on its client-facing address, taking
-    a fresh bearer token (`api_token_file`)."""
+    a fresh bearer token (`api_token_file`) and sending the instances' own
+    (`instances_token_file`) on the requests it proxies."""
     ingress = ingress_node(lab.topology)
     _, _, address = client_link(lab.topology, ingress)
     d = lab.node_dir(ingress)
     conf = d / "steering.json"
     conf.write_text(json.dumps(steering_config(lab).to_json()))
-    token = api_token_file(lab)
-    token.unlink(missing_ok=True)
-    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+    token = write_token_file(api_token_file(lab))
     ready = d / "steering.ready"
     ready.unlink(missing_ok=True)
     argv = [
@@ -162,6 +177,8 @@ def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
         "--api-token-file",
         str(token),
     ]
+    if instances_token_file(lab).exists():
+        argv += ["--instance-token-file", str(instances_token_file(lab))]
     proc = lab.handle.start(ingress, "steering", argv)
     url = f"http://{address}:{STEERING_PORT}"
     lab.handle.state.info["steering"] = {"url": url, "token_file": str(token)}
@@ -249,8 +266,13 @@ def client_main(argv: list[str]) -> int:
     p.add_argument("--compare", action="append", default=[], help="instance URL to compare")
     p.add_argument("--proxy", action="store_true", help="also once through POST /generate")
     p.add_argument("--api-token-file", help="the API's bearer token (whole decisions)")
+    p.add_argument(
+        "--instance-token-file", help="the instances' bearer token (for the direct requests)"
+    )
     args = p.parse_args(argv)
     token = Path(args.api_token_file).read_text().strip() if args.api_token_file else None
+    direct = args.instance_token_file
+    instance_token = Path(direct).read_text().strip() if direct else None
     tokens = demo_prompt(args.site)
     body = {"cs_id": args.cs_id, "prompt_token_ids": tokens}
     result: dict[str, Any] = {"prompt_tokens": len(tokens), "decisions": [], "steered": []}
@@ -262,10 +284,14 @@ def client_main(argv: list[str]) -> int:
             raise SystemExit(f"steering API answered {status}: {decision}")
         decision["client_api_ms"] = round(api_ms, 3)
         result["decisions"].append(decision)
-        result["steered"].append(_timed_generate(decision["url"], {"prompt_token_ids": tokens}))
+        result["steered"].append(
+            _timed_generate(decision["url"], {"prompt_token_ids": tokens}, instance_token)
+        )
     if args.proxy:  # once more through the API's proxy: decide, install, forward
         result["proxied"] = _timed_generate(args.api, body, token)
-    result["nearest"] = [_timed_generate(url, {"prompt_token_ids": tokens}) for url in args.compare]
+    result["nearest"] = [
+        _timed_generate(url, {"prompt_token_ids": tokens}, instance_token) for url in args.compare
+    ]
     json.dump(result, sys.stdout)
     return 0
 

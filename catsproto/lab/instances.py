@@ -293,6 +293,7 @@ class ServedInstance:
         tiers: tuple[TierSpec, ...] = LAB_TIERS,
         change_threshold: float = 0.05,
         group_keys: security.GroupKeyring | None = None,
+        api_token: bytes | None = None,
     ) -> None:
         from catsproto.adapters.instance import (
             EngineConfig,
@@ -368,7 +369,7 @@ class ServedInstance:
                 on_routes=self._publish,
                 hits=self.engine.hits,
             )
-            self.server = InstanceServer(self.engine, self.node, host, port)
+            self.server = InstanceServer(self.engine, self.node, host, port, api_token=api_token)
             if self.identity is not None and trust is not None:
                 self.transfer = TransferServer(
                     self.identity,
@@ -452,6 +453,7 @@ def serve(
     warm: bool = True,
     change_threshold: float = 0.05,
     group_keys: security.GroupKeyring | None = None,
+    api_token: bytes | None = None,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
     the site's demo conversation first (unless `warm` is off). Background:
@@ -476,6 +478,7 @@ def serve(
                     tiers=tiers,
                     change_threshold=change_threshold,
                     group_keys=group_keys,
+                    api_token=api_token,
                 )
             )
         warmers = [
@@ -538,9 +541,21 @@ def main(argv: list[str] | None = None) -> int:
         default=0.05,
         help="fraction of advertised keys changed that is worth an early update (0: any)",
     )
+    p.add_argument(
+        "--api-token-file",
+        help="bearer token the served instances' HTTP APIs require (see instance serve)",
+    )
     args = p.parse_args(argv)
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
+    api_token = None
+    if args.api_token_file:
+        from catsproto.adapters.http import read_api_token
+
+        try:
+            api_token = read_api_token(args.api_token_file)
+        except (OSError, ValueError) as exc:
+            p.error(f"--api-token-file: {exc}")
     topology = load(args.topology)
     group_keys = lab_group_keys(topology) if args.seal else None
     node = topology.nodes[args.node]
@@ -566,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             warm=not args.no_warm,
             change_threshold=args.change_threshold,
             group_keys=group_keys,
+            api_token=api_token,
         )
         return 0
     instances = [

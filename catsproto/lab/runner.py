@@ -429,8 +429,10 @@ def discard(handle: netns.NetnsLab, *, keep_logs: bool = False) -> None:
 def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()) -> None:
     """One modelled-instance process per egress with instances, writing its spool; the
     receivers trust the instances' (deterministic, lab-only) keys. In namespaces they
-    are real modelled instances serving HTTP, and the ingress runs the steering API.
+    are real modelled instances serving HTTP, each requiring the lab's fresh instance
+    token (`flows.instances_token_file`), and the ingress runs the steering API.
     `instance_args` go to every served instance process (`catsproto.lab.instances`)."""
+    from catsproto.lab.flows import instances_token_file, write_token_file
     from catsproto.lab.instances import write_lab_trust
 
     for name, node in lab.topology.nodes.items():
@@ -438,6 +440,7 @@ def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()
             write_lab_trust(
                 lab.topology, str(lab.node_dir(name) / "trust.json"), int(time.time() * 1000)
             )
+    token = write_token_file(instances_token_file(lab)) if lab.handle.namespaced else None
     for name, node in lab.topology.nodes.items():
         if node.announce and node.instances:
             argv = [
@@ -455,8 +458,8 @@ def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()
                 "--max-message",
                 "65535" if node.extended_message else "4096",
             ]
-            if lab.handle.namespaced:  # real instances on their own addresses
-                argv += ["--serve", *instance_args]
+            if token is not None:  # real instances on their own addresses
+                argv += ["--serve", "--api-token-file", str(token), *instance_args]
             if lab.sealed:  # the receivers hold the key (`write_group_key`)
                 argv.append("--seal")
             lab.handle.start(name, "instances", argv)
