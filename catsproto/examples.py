@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from catsproto.security.identity import key_id
 from catsproto.summary import Summary
 from catsproto.summary.delta import DeltaSummary
 from catsproto.wire import (
@@ -48,6 +47,7 @@ from catsproto.wire import (
     UnknownTLV,
     Version,
 )
+from catsproto.wire.tlvs import key_id
 
 T0_MS = 1_795_000_000_000  # 2026-11-18T09:46:40Z, a fixed instant for examples
 FULL_RANGE = (0, (1 << 64) - 1)

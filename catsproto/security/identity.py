@@ -10,18 +10,15 @@ accident. Private keys are created from a 32-byte seed the caller draws
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from catsproto.wire import SignatureAlgorithm
 from catsproto.wire.fields import JSON
-from catsproto.wire.tlvs import ED25519_PUBLIC_KEY_LEN
+from catsproto.wire.tlvs import ED25519_PUBLIC_KEY_LEN, KEY_ID_LABEL, KEY_ID_LEN, key_id
 
-KEY_ID_LABEL = b"catsproto/v1 key-id\x00"
-KEY_ID_LEN = 8
+__all__ = ["KEY_ID_LABEL", "KEY_ID_LEN", "key_id"]  # the derivation lives with the TLVs
 SEED_LEN = 32
 PRIVATE_KEY_FORMAT = "catsproto-ed25519-private/1"
 
@@ -50,11 +47,6 @@ def has_small_order(raw: bytes) -> bool:
     bit is ignored and y is read modulo p, as verification decodes it."""
     y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
     return y % _P in _SMALL_ORDER_Y
-
-
-def key_id(public_key: bytes, algorithm: SignatureAlgorithm = SignatureAlgorithm.ED25519) -> bytes:
-    """The 8-byte id of `public_key` (see the module docstring)."""
-    return hashlib.sha256(KEY_ID_LABEL + bytes([algorithm]) + public_key).digest()[:KEY_ID_LEN]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)

@@ -7,6 +7,7 @@ the key named in `validate`, never empty (an empty list is an absent TLV).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from operator import attrgetter
 from typing import Annotated
@@ -373,6 +374,17 @@ class ScopeEntry(Record):
 
 
 ED25519_PUBLIC_KEY_LEN = 32
+# A Key ID (Signature, Delegation) is derived, never chosen: the first KEY_ID_LEN bytes of
+# SHA-256(KEY_ID_LABEL || algorithm u8 || public key) (`key_id`).
+KEY_ID_LABEL = b"catsproto/v1 key-id\x00"
+KEY_ID_LEN = 8
+
+
+def key_id(public_key: bytes, algorithm: int = SignatureAlgorithm.ED25519) -> bytes:
+    """The 8-byte Key ID of `public_key`."""
+    return hashlib.sha256(KEY_ID_LABEL + bytes([algorithm]) + public_key).digest()[:KEY_ID_LEN]
+
+
 ED25519_SIGNATURE_LEN = 64
 
 
