@@ -4,10 +4,12 @@ programs run inside a namespace (`python -c SCRIPT args`)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from catsproto import cli
 from catsproto.adapters import netns
 from catsproto.lab import flows, runner
 
@@ -47,3 +49,10 @@ def client_to_site(lab: runner.Lab, site: int, repeat: int, *extra: str) -> dict
     argv += [str(flows.api_token_file(lab)), "--site", str(site), "--repeat", str(repeat)]
     argv += ["--instance-token-file", str(flows.instances_token_file(lab))]
     return flows.run_client(lab, [*argv, *extra])
+
+
+def inspect_rows(capsys: Any, *args: str) -> list[dict]:
+    """`catsproto inspect ARGS --jsonl`, one dict per line it printed."""
+    capsys.readouterr()
+    cli.main(["inspect", *args, "--jsonl"])
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]

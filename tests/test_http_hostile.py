@@ -16,7 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from catsproto.adapters import steering
+from catsproto.adapters import http, steering
 from catsproto.adapters.instance import (
     EngineConfig,
     InstanceServer,
@@ -404,7 +404,7 @@ def test_a_bad_token_file_stops_the_daemon_at_start(tmp_path, content, words, ca
     path = tmp_path / "token"
     path.write_text(content)
     with pytest.raises(ValueError, match=words):
-        steering.read_api_token(path)
+        http.read_api_token(path)
     with pytest.raises(SystemExit) as exc:
         steering.main(["--config", "/nonexistent", "--api-token-file", str(path)])
     assert exc.value.code == 2 and "--api-token-file" in capsys.readouterr().err
@@ -413,7 +413,7 @@ def test_a_bad_token_file_stops_the_daemon_at_start(tmp_path, content, words, ca
 def test_a_token_file_is_read_stripped(tmp_path):
     path = tmp_path / "token"
     path.write_text(TOKEN.decode() + "\n")
-    assert steering.read_api_token(path) == TOKEN
+    assert http.read_api_token(path) == TOKEN
 
 
 # ---- the modelled instance's HTTP API -----------------------------------------------

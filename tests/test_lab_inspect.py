@@ -3,7 +3,6 @@ forged one (a byte changed in a capture) flagged with its reason."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,17 +11,12 @@ import pytest
 from catsproto import cli
 from catsproto.adapters import netns
 from catsproto.lab import runner
+from tests.lab_helpers import inspect_rows
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytest.skip("the lab needs root for namespaces (CI runs it as root)", allow_module_level=True)
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
-
-
-def _rows(capsys, *args: str) -> list[dict]:
-    capsys.readouterr()
-    cli.main(["inspect", *args, "--jsonl"])
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
 def test_capture_of_the_4_site_lab_is_verified_and_a_forgery_is_flagged(tmp_path, capsys):
@@ -52,7 +46,7 @@ def test_capture_of_the_4_site_lab_is_verified_and_a_forgery_is_flagged(tmp_path
         lab.down()
         assert netns.leftover_namespaces(tag) == []
 
-    rows = _rows(capsys, str(pcap), "--trust", trust)
+    rows = inspect_rows(capsys, str(pcap), "--trust", trust)
     origins = {r["advertisement"]["origin"]["address"] for r in rows if "advertisement" in r}
     assert len(origins) >= 6, origins  # instances of every site cross c1-e1 in 4 s
     assert rows and all(r["status"] == "verified" for r in rows), {r["status"] for r in rows}
@@ -64,7 +58,7 @@ def test_capture_of_the_4_site_lab_is_verified_and_a_forgery_is_flagged(tmp_path
     raw[at + 7] ^= 0x01
     forged = tmp_path / "forged.pcap"
     forged.write_bytes(bytes(raw))
-    after = _rows(capsys, str(forged), "--trust", trust)
+    after = inspect_rows(capsys, str(forged), "--trust", trust)
     bad = [r for r in after if r["status"] != "verified"]
     assert len(bad) == 1 and bad[0]["status"] == "bad-signature", bad
     assert len(after) == len(rows)

@@ -17,17 +17,12 @@ from catsproto.lab import runner
 from catsproto.lab.instances import lab_group_keys
 from catsproto.lab.steering import rib_from_receiver
 from catsproto.lab.topology import load
+from tests.lab_helpers import inspect_rows
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytest.skip("the lab needs root for namespaces (CI runs it as root)", allow_module_level=True)
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
-
-
-def _rows(capsys, *args: str) -> list[dict]:
-    capsys.readouterr()
-    cli.main(["inspect", *args, "--jsonl"])
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
 def _opened(lab: runner.Lab) -> list[dict]:
@@ -65,14 +60,14 @@ def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, 
         lab.down()
         assert netns.leftover_namespaces(tag) == []
 
-    rows = [r for r in _rows(capsys, str(pcap), "--trust", trust) if "advertisement" in r]
+    rows = [r for r in inspect_rows(capsys, str(pcap), "--trust", trust) if "advertisement" in r]
     assert rows and all(r["status"] == "verified" for r in rows), {r["status"] for r in rows}
     on_wire = [r["advertisement"] for r in rows]
     assert all("cache-summaries" not in a and "cache-model" not in a for a in on_wire)
     assert sum("sealed-cache" in a for a in on_wire) >= len(on_wire) // 2
     opened = [
         r["advertisement"]
-        for r in _rows(capsys, str(pcap), "--trust", trust, "--group-key", str(group_key))
+        for r in inspect_rows(capsys, str(pcap), "--trust", trust, "--group-key", str(group_key))
         if "advertisement" in r
     ]
     assert len(opened) == len(rows)
@@ -98,8 +93,9 @@ def test_the_sealed_demo_prints_how_to_open_its_capture(tmp_path, capsys):
     assert "cache sections sealed" in out
     pcap, trust, key = keep / "e1-bgp.pcap", keep / "trust.json", keep / "group.key"
     assert f"--group-key {key}" in out and stat.S_IMODE(key.stat().st_mode) == 0o600
-    sealed = [r for r in _rows(capsys, str(pcap), "--trust", str(trust)) if "advertisement" in r]
+    rows = inspect_rows(capsys, str(pcap), "--trust", str(trust))
+    sealed = [r for r in rows if "advertisement" in r]
     assert sealed and all(r["status"] == "verified" for r in sealed)
     assert not any("cache-summaries" in r["advertisement"] for r in sealed)
-    opened = _rows(capsys, str(pcap), "--trust", str(trust), "--group-key", str(key))
+    opened = inspect_rows(capsys, str(pcap), "--trust", str(trust), "--group-key", str(key))
     assert any("cache-summaries" in r.get("advertisement", {}) for r in opened)

@@ -258,6 +258,19 @@ def read_api_token(path: str | Path) -> bytes:
     return text.encode("ascii")
 
 
+def token_option(path: str | None, option: str) -> bytes | None:
+    """The token a command line option names (`read_api_token`), None without one; a
+    ValueError worded for that option when the file cannot be read or is not a token."""
+    if path is None:
+        return None
+    try:
+        return read_api_token(path)
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
 def bearer_authorised(headers: Message, token: bytes | None) -> bool:
     """True if the request's Authorization header is ``Bearer TOKEN`` for the configured
     `token` (compared in constant time); always False when no token is configured."""

@@ -92,8 +92,8 @@ from catsproto.adapters.http import (
     BodyError,
     bearer_authorised,
     bearer_challenge,
-    read_api_token,
     read_json_body,
+    token_option,
     withheld,
 )
 from catsproto.adapters.instance import PUBLIC_REPLY_FIELDS, mooncake_block_keys
@@ -975,18 +975,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.max_connections < 1:
         p.error(f"--max-connections must be at least 1, got {args.max_connections}")
-    token = None
-    if args.api_token_file:
-        try:
-            token = read_api_token(args.api_token_file)
-        except (OSError, ValueError) as exc:
-            p.error(f"--api-token-file: {exc}")
-    instance_token = None
-    if args.instance_token_file:
-        try:
-            instance_token = read_api_token(args.instance_token_file)
-        except (OSError, ValueError) as exc:
-            p.error(f"--instance-token-file: {exc}")
+    try:
+        token = token_option(args.api_token_file, "--api-token-file")
+        instance_token = token_option(args.instance_token_file, "--instance-token-file")
+    except ValueError as exc:
+        p.error(str(exc))
     try:
         config = SteeringConfig.from_json(json.loads(Path(args.config).read_text()))
         forwarder = Forwarder(config.next_hops, source=config.source, netns=config.netns)

@@ -157,22 +157,16 @@ def _port(value: int) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import zmq
 
-    from catsproto.adapters.http import read_api_token
+    from catsproto.adapters.http import token_option
     from catsproto.adapters.instance import EngineConfig, InstanceServer, ModelledEngine, NodeAgent
     from catsproto.adapters.vllm_events import RankEndpoint
 
     tiers = _tiers(args)
     port = _port(args.port)
-    token = None
-    if args.api_token_file is not None:
-        try:
-            token = read_api_token(args.api_token_file)
-        except OSError as exc:
-            raise UsageError(
-                f"--api-token-file {args.api_token_file}: cannot read it: {exc.strerror or exc}"
-            ) from None
-        except ValueError as exc:
-            raise UsageError(f"--api-token-file: {exc}") from None
+    try:
+        token = token_option(args.api_token_file, "--api-token-file")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for name, value in (("--prefill-rate", args.prefill_rate), ("--time-scale", args.time_scale)):
         if not 0 < value < math.inf:  # also refuses NaN
             raise UsageError(f"{name} {value} is not a positive number")

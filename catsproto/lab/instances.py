@@ -548,14 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
-    api_token = None
-    if args.api_token_file:
-        from catsproto.adapters.http import read_api_token
+    from catsproto.adapters.http import token_option
 
-        try:
-            api_token = read_api_token(args.api_token_file)
-        except (OSError, ValueError) as exc:
-            p.error(f"--api-token-file: {exc}")
+    try:
+        api_token = token_option(args.api_token_file, "--api-token-file")
+    except ValueError as exc:
+        p.error(str(exc))
     topology = load(args.topology)
     group_keys = lab_group_keys(topology) if args.seal else None
     node = topology.nodes[args.node]
