@@ -1,8 +1,13 @@
-"""The `catsproto` command as a user runs it: a real process, real stdin/stdout."""
+"""The `catsproto` command as a user runs it: a real process, real stdin/stdout.
+
+The many vector cases run `cli.main` in this process with stdin and stdout swapped
+(`invoke`), the same code path without an interpreter start each; the rest, and one
+vector, run the real process (`run`)."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import subprocess
@@ -25,16 +30,42 @@ def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def invoke(monkeypatch, capsysbinary):
+    """`run` in this process: `cli.main` with `stdin` as its stdin, giving the same
+    CompletedProcess (exit code, stdout and stderr bytes)."""
+
+    def call(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        capsysbinary.readouterr()
+        code = cli.main(list(args))
+        out, err = capsysbinary.readouterr()
+        return subprocess.CompletedProcess(["catsproto", *args], code, out, err)
+
+    return call
+
+
 @pytest.mark.parametrize("vector", VECTORS["positive"], ids=lambda v: v["name"])
-def test_decode_prints_the_json_and_encode_prints_the_hex(vector):
-    out = run("decode", stdin=vector["hex"].encode())
+def test_decode_prints_the_json_and_encode_prints_the_hex(vector, invoke):
+    out = invoke("decode", stdin=vector["hex"].encode())
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == vector["json"]
-    back = run("encode", stdin=out.stdout)
+    back = invoke("encode", stdin=out.stdout)
     assert back.returncode == 0, back.stderr
     assert back.stdout.decode().strip() == vector["hex"]
-    attr = run("encode", "--attribute", stdin=out.stdout)
+    attr = invoke("encode", "--attribute", stdin=out.stdout)
     assert attr.stdout.decode().strip() == vector["attribute"]
+
+
+def test_a_real_process_decodes_and_encodes_a_vector():
+    vector = VECTORS["positive"][0]
+    out = run("decode", stdin=vector["hex"].encode())
+    assert out.returncode == 0 and json.loads(out.stdout) == vector["json"], out.stderr
+    back = run("encode", "--attribute", stdin=out.stdout)
+    assert back.returncode == 0 and back.stdout.decode().strip() == vector["attribute"]
+    bad = run("decode", stdin=VECTORS["negative"][0]["hex"].encode())
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert bad.stderr.decode() == f"catsproto decode: {VECTORS['negative'][0]['message']}\n"
 
 
 def test_decode_takes_raw_bytes_and_whole_attributes(tmp_path):
@@ -47,8 +78,8 @@ def test_decode_takes_raw_bytes_and_whole_attributes(tmp_path):
 
 
 @pytest.mark.parametrize("vector", VECTORS["negative"], ids=lambda v: v["name"])
-def test_bad_bytes_exit_2_with_one_line(vector):
-    out = run("decode", stdin=vector["hex"].encode())
+def test_bad_bytes_exit_2_with_one_line(vector, invoke):
+    out = invoke("decode", stdin=vector["hex"].encode())
     assert out.returncode == 2
     assert out.stdout == b""
     lines = out.stderr.decode().splitlines()
@@ -72,8 +103,8 @@ def test_bad_bytes_exit_2_with_one_line(vector):
         ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, stdin, message):
-    out = run(*args, stdin=stdin)
+def test_bad_input_is_one_line_and_exit_2(args, stdin, message, invoke):
+    out = invoke(*args, stdin=stdin)
     assert out.returncode == 2
     err = out.stderr.decode()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
