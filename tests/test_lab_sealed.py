@@ -1,6 +1,9 @@
 """A sealed 4-site lab (`lab up --seal`): every instance seals its cache section under the
 lab's group key, FRR and BIRD pass the ciphertext on, e1's receiver verifies and opens
-it, and a capture on the way shows only ciphertext unless `inspect` is given the key."""
+it, and a capture on the way shows only ciphertext unless `inspect` is given the key.
+The same capture checks `inspect` itself: every advertisement verified, and a forged
+one (a byte changed in the file) flagged with its reason. (The unsealed lab's capture
+is inspected by the demo's test, exactly as the demo prints the command.)"""
 
 from __future__ import annotations
 
@@ -60,8 +63,11 @@ def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, 
         lab.down()
         assert netns.leftover_namespaces(tag) == []
 
-    rows = [r for r in inspect_rows(capsys, str(pcap), "--trust", trust) if "advertisement" in r]
+    every = inspect_rows(capsys, str(pcap), "--trust", trust)
+    rows = [r for r in every if "advertisement" in r]
     assert rows and all(r["status"] == "verified" for r in rows), {r["status"] for r in rows}
+    origins = {r["advertisement"]["origin"]["address"] for r in rows}
+    assert len(origins) >= 6, origins  # instances of every site cross c1-e1 in 4 s
     on_wire = [r["advertisement"] for r in rows]
     assert all("cache-summaries" not in a and "cache-model" not in a for a in on_wire)
     assert sum("sealed-cache" in a for a in on_wire) >= len(on_wire) // 2
@@ -73,6 +79,16 @@ def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, 
     assert len(opened) == len(rows)
     assert any("cache-summaries" in a for a in opened)
     assert all("sealed-cache" not in a for a in opened)
+    # Forge: change one byte inside the first advertisement's timestamp in the file.
+    victim = rows[0]["advertisement"]["timestamp"].to_bytes(8, "big")
+    raw = bytearray(pcap.read_bytes())
+    raw[raw.index(victim) + 7] ^= 0x01
+    forged = tmp_path / "forged.pcap"
+    forged.write_bytes(bytes(raw))
+    after = inspect_rows(capsys, str(forged), "--trust", trust)
+    bad = [r for r in after if r["status"] != "verified"]
+    assert len(bad) == 1 and bad[0]["status"] == "bad-signature", bad
+    assert len(after) == len(every)
     # the key e1 was given is the one derived from the topology
     derived = lab_group_keys(load(LAB / "cats4.clab.yml")).active.to_json()
     assert json.loads(group_key.read_text()) == derived
