@@ -49,7 +49,7 @@ from catsproto.transfer import (
     synthetic_payload,
     synthetic_store,
 )
-from catsproto.transfer.frames import HEADER_LEN
+from catsproto.transfer.frames import HEADER_LEN, MAX_REASON
 from catsproto.wire import CodecError, Tier
 
 KEYS = synthetic_keys(7, 12)
@@ -167,6 +167,24 @@ def test_coded_frames_refuse_a_missing_code_and_bad_utf8() -> None:
         FrameReader().feed(b"\x08\x00\x00\x00\x03\x00\x01\xff")
     with pytest.raises(FrameError, match="empty chunk"):
         FrameReader().feed(b"\x04\x00\x00\x00\x00")
+
+
+@given(st.text(min_size=0, max_size=1200))
+@settings(max_examples=200, deadline=None)
+def test_a_long_reason_is_cut_at_a_character_boundary(reason: str) -> None:
+    for kind in (Cancel, Refuse):
+        frame = kind(Code.VERIFY_FAILED, reason)
+        back = kind.decode_body(frame.encode_body())  # the peer can always read it
+        assert back.code == Code.VERIFY_FAILED and reason.startswith(back.reason)
+        assert len(back.reason.encode("utf-8")) <= MAX_REASON
+        if len(reason.encode("utf-8")) <= MAX_REASON:
+            assert back.reason == reason
+
+
+def test_a_reason_cut_inside_a_character_keeps_the_whole_characters() -> None:
+    reason = "€" * 400  # 1,200 octets; 1,024 falls inside the 342nd character
+    back = Cancel.decode_body(Cancel(Code.CANCELLED, reason).encode_body())
+    assert back.reason == "€" * 341
 
 
 def test_frame_errors_say_where() -> None:

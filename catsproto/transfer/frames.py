@@ -42,6 +42,7 @@ HEADER_LEN = HEADER.size
 DIGEST_LEN = 32
 MAX_BODY = 1 << 20  # 1 MiB: DATA chunks are at most this; PULL carries at most ~131k keys
 MAX_KEYS = (MAX_BODY - 28) // 8
+MAX_REASON = 1024  # reason octets a CANCEL or REFUSE of ours carries; we read any length
 
 
 class Code(enum.IntEnum):
@@ -205,13 +206,22 @@ class Done:
         return cls(*_fixed(_DONE, body, "done"))
 
 
+def reason_octets(reason: str) -> bytes:
+    """A reason's UTF-8, cut to at most MAX_REASON octets at a character boundary (a cut
+    inside a character would make the peer refuse the whole frame as not UTF-8)."""
+    raw = reason.encode("utf-8")
+    if len(raw) <= MAX_REASON:
+        return raw
+    return raw[:MAX_REASON].decode("utf-8", "ignore").encode("utf-8")
+
+
 @dataclass(frozen=True, slots=True)
 class _Coded:
     code: int
     reason: str = ""
 
     def encode_body(self) -> bytes:
-        return _CODE.pack(self.code) + self.reason.encode("utf-8")[:1024]
+        return _CODE.pack(self.code) + reason_octets(self.reason)
 
     @classmethod
     def _decode(cls, body: bytes, name: str) -> tuple[int, str]:
