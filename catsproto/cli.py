@@ -75,8 +75,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from catsproto.commands import lab
 
     print("\n" + "=" * 78 + "\n")
+    # the namespaced lab seals the cache sections (the capture then shows ciphertext, and
+    # the printed second command opens it); loopback ExaBGP has no receiver to open them
+    seal = not args.embedded and not args.no_seal and lab.can_netns()
     lab_args = build_parser().parse_args(
-        ["lab", "demo", *(["--embedded"] if args.embedded else [])]
+        ["lab", "demo", *(["--embedded"] if args.embedded else []), *(["--seal"] if seal else [])]
     )
     status = lab.cmd_demo(lab_args)
     if args.no_eval:
@@ -258,13 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
         "4-site lab (network namespaces with FRR and BIRD as root; ExaBGP on loopback "
         "otherwise), watch signed advertisements arrive, ask the path selector where "
         "each site's cached conversation should go, and tear everything down (as root "
-        "keeping a capture of the receiver's BGP sessions and printing the `catsproto "
-        "inspect` command that verifies it); then run the steering policies on a slice "
-        "of the Mooncake conversation trace.",
+        "the instances seal their cache sections, and a capture of the receiver's BGP "
+        "sessions is kept with the `catsproto inspect` commands that verify it and open "
+        "it); then run the steering policies on a slice of the Mooncake conversation "
+        "trace.",
     )
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
     p.add_argument("--no-eval", action="store_true", help="skip the trace-driven evaluation")
+    p.add_argument(
+        "--no-seal",
+        action="store_true",
+        help="leave the instances' cache sections unsealed (the namespaced lab seals them "
+        "under the lab's group key, as `lab demo --seal`; loopback never does)",
+    )
     p.add_argument(
         "--eval-requests",
         type=whole_number(1),

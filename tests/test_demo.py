@@ -1,10 +1,12 @@
-"""The README's main command, as a user runs it: codec, 4-site lab, path selector."""
+"""The README's main command, as a user runs it: codec, 4-site lab (sealed, as root), path
+selector, and the printed inspect commands pasted as they are."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -15,6 +17,9 @@ if not ROOT and os.environ.get("CI") != "true":
     pytest.skip(
         "the lab demo needs root for namespaces (CI runs it as root)", allow_module_level=True
     )
+
+SEALED = re.compile(r"\ssealed\s")
+TIERS = re.compile(r"\s(hbm|dram):(bloom|fuse|exact|delta)")
 
 
 def test_demo_steers_each_conversation_to_the_site_that_caches_it():
@@ -44,7 +49,17 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
     command = re.search(r"^  (\S*catsproto) inspect (\S+\.pcap) --trust (\S+\.json)$", text, re.M)
     assert command is not None, text[-3000:]
     program, pcap, trust = command.groups()
+    # as root the cache sections are sealed: a second command, with the group key, opens them
+    assert "cache sections sealed" in text
+    opener = re.search(
+        rf"^  {re.escape(program)} inspect {re.escape(pcap)} --trust {re.escape(trust)} "
+        r"--group-key (\S+)$",
+        text,
+        re.M,
+    )
+    assert opener is not None, text[-3000:]
     try:
+        assert stat.S_IMODE(os.stat(opener[1]).st_mode) == 0o600  # the group key is secret
         seen = subprocess.run(  # exactly as printed: a user pastes it
             [program, "inspect", pcap, "--trust", trust],
             capture_output=True,
@@ -55,6 +70,19 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
         found = re.search(r"^(\d+) advertisement\(s\) of attribute type 255: (\d+) verified$",
                           seen.stdout, re.M)  # fmt: skip
         assert found is not None and found[1] == found[2] and int(found[1]) >= 8, seen.stdout
+        # the tiers column: "sealed" without the key, the summaries' tiers with it
+        assert SEALED.search(seen.stdout) and not TIERS.search(seen.stdout), seen.stdout
+        opened = subprocess.run(
+            [program, "inspect", pcap, "--trust", trust, "--group-key", opener[1]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert opened.returncode == 0, opened.stdout[-2000:] + opened.stderr[-2000:]
+        assert f"{found[1]} advertisement(s) of attribute type 255: {found[1]} verified" in (
+            opened.stdout
+        )
+        assert TIERS.search(opened.stdout) and not SEALED.search(opened.stdout), opened.stdout
     finally:
         shutil.rmtree(os.path.dirname(pcap), ignore_errors=True)
     # part 3: the policies on the first 3,000 requests of the trace, at x1 and x4

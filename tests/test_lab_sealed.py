@@ -97,21 +97,3 @@ def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, 
 def lab_now_ms(snapshot: dict) -> int:
     """The newest timestamp in the receiver's RIB (what 'now' was when it was written)."""
     return max(int(r["timestamp_ms"]) for r in snapshot["routes"])
-
-
-def test_the_sealed_demo_prints_how_to_open_its_capture(tmp_path, capsys):
-    keep = tmp_path / "keep"
-    tag = f"d{os.getpid()}"
-    args = ["lab", "demo", "--seal", "--capture-dir", str(keep), "--root", str(tmp_path)]
-    assert cli.main([*args, "--tag", tag, "--seconds", "40"]) == 0
-    assert netns.leftover_namespaces(tag) == []
-    out = capsys.readouterr().out
-    assert "cache sections sealed" in out
-    pcap, trust, key = keep / "e1-bgp.pcap", keep / "trust.json", keep / "group.key"
-    assert f"--group-key {key}" in out and stat.S_IMODE(key.stat().st_mode) == 0o600
-    rows = inspect_rows(capsys, str(pcap), "--trust", str(trust))
-    sealed = [r for r in rows if "advertisement" in r]
-    assert sealed and all(r["status"] == "verified" for r in sealed)
-    assert not any("cache-summaries" in r["advertisement"] for r in sealed)
-    opened = inspect_rows(capsys, str(pcap), "--trust", str(trust), "--group-key", str(key))
-    assert any("cache-summaries" in r.get("advertisement", {}) for r in opened)

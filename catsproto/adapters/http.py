@@ -171,6 +171,12 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             self._slots.release()
 
 
+# how often the serving loop looks for a shutdown: `close` waits up to this long (the
+# standard library's 0.5 s made every stop of a daemon, and every test server, half a
+# second long)
+SHUTDOWN_POLL_S = 0.05
+
+
 class BackgroundHTTPServer:
     def __init__(
         self,
@@ -183,7 +189,9 @@ class BackgroundHTTPServer:
     ):
         bounded = type(handler.__name__, (_DeadlineHandler, handler), {})
         self.httpd = _BoundedHTTPServer((host, port), bounded, max_handlers, request_deadline)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, args=(SHUTDOWN_POLL_S,), daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -50,7 +50,7 @@ def _root(args: argparse.Namespace) -> Path:
 LOOPBACK_ROOT = Path("/tmp/catsproto-lab")  # a loopback lab started without --root
 
 
-def _can_netns() -> bool:
+def can_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
@@ -94,7 +94,7 @@ def _new_tag(args: argparse.Namespace, root: Path) -> str | None:
         )
     if (root / tag).exists():
         raise UsageError(f"--tag {tag}: {root / tag} exists (a lab of that tag runs or was left)")
-    if _can_netns():
+    if can_netns():
         from catsproto.adapters import netns
 
         if netns.leftover_namespaces(tag):
@@ -114,7 +114,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("which topology? e.g. `lab up cats4` or `lab up --topology X.clab.yml`")
     path = _topology_path(text)
     started = time.monotonic()
-    embedded_mode = args.embedded or not _can_netns()
+    embedded_mode = args.embedded or not can_netns()
     if args.seal and embedded_mode:
         raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     try:
@@ -356,8 +356,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from catsproto.lab import embedded, runner, view
 
     path = _topology_path(args.topology)
-    root = _root(args) if (args.root or _can_netns()) else LOOPBACK_ROOT
-    netns_mode = _can_netns() and not args.embedded
+    root = _root(args) if (args.root or can_netns()) else LOOPBACK_ROOT
+    netns_mode = can_netns() and not args.embedded
     if args.seal and not netns_mode:
         raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     started = time.monotonic()
