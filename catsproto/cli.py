@@ -75,17 +75,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from catsproto.commands import lab
 
     print("\n" + "=" * 78 + "\n")
-    # the namespaced lab seals the cache sections (the capture then shows ciphertext, and
-    # the printed second command opens it); loopback ExaBGP has no receiver to open them
-    seal = not args.embedded and not args.no_seal and lab.can_netns()
-    lab_args = build_parser().parse_args(
-        ["lab", "demo", *(["--embedded"] if args.embedded else []), *(["--seal"] if seal else [])]
-    )
+    lab_args = build_parser().parse_args(lab_demo_argv(args, lab.can_netns()))
     status = lab.cmd_demo(lab_args)
     if args.no_eval:
         return status
     print("\n" + "=" * 78 + "\n")
     return eval_demo(args.eval_requests) or status
+
+
+def lab_demo_argv(args: argparse.Namespace, namespaced: bool) -> list[str]:
+    """The `lab demo` the main demo runs. The namespaced lab seals the cache sections (the
+    capture then shows ciphertext, and the printed second command opens it); the loopback
+    lab cannot (`lab demo --seal` refuses it), so it runs in the clear."""
+    if args.embedded or not namespaced:
+        return ["lab", "demo", *(["--embedded"] if args.embedded else [])]
+    return ["lab", "demo", *([] if args.no_seal else ["--seal"])]
 
 
 def eval_demo(requests: int) -> int:

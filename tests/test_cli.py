@@ -119,6 +119,22 @@ def test_demo_runs_and_round_trips_every_example():
     assert "decode refuses" in text
 
 
+@pytest.mark.parametrize(
+    ("argv", "namespaced", "lab"),
+    [
+        ([], True, ["lab", "demo", "--seal"]),  # as root: sealed
+        (["--no-seal"], True, ["lab", "demo"]),
+        ([], False, ["lab", "demo"]),  # loopback cannot seal, and does not try
+        (["--embedded"], True, ["lab", "demo", "--embedded"]),
+        (["--embedded", "--no-seal"], False, ["lab", "demo", "--embedded"]),
+    ],
+)
+def test_the_main_demo_seals_the_namespaced_lab_only(argv, namespaced, lab):
+    args = cli.build_parser().parse_args(["demo", *argv])
+    assert cli.lab_demo_argv(args, namespaced) == lab
+    cli.build_parser().parse_args(lab)  # and `lab demo` takes what it is given
+
+
 def test_vector_file_check():
     assert run("vectors", "--check").returncode == 0
 
