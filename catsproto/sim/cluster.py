@@ -123,6 +123,15 @@ class Cluster:
         if k < len(flight) and flight[k][1] == seq:
             del flight[k]
 
+    def restart(self, i: int, count: int, starts: Sequence[float]) -> None:
+        """The last `count` requests served at instance i start at `starts` instead (a
+        dispatch re-ordered them among themselves; the instance is busy as long)."""
+        kept = self.starts[i]
+        m = min(count, len(kept))  # the first of them may have been let go already
+        for _ in range(m):
+            kept.pop()
+        kept.extend(sorted(starts)[count - m :])
+
     def queue_counts(self, i: int, t: float) -> tuple[int, int]:
         """(waiting, running) requests of instance i at time t."""
         starts = self.starts[i]

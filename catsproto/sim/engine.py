@@ -8,7 +8,10 @@ scheduled) and every delivery (verified, merged into a RIB) in time order. After
 catsproto decision, what the selector believed is compared with the instance's real
 cache: a claimed prefix longer than the real one is a *stale* hit if the first missing
 block was in the summary's key set when it was built (evicted since), else a
-*false-positive* hit. Pure and deterministic: seeds come in, no clocks, no files.
+*false-positive* hit. With `Scenario.shortest_first`, the requests routed in one
+millisecond are served at each instance least expected work first instead of in trace
+order (`_shortest_first`; the routed model only): the decisions stay, the waits move.
+Pure and deterministic: seeds come in, no clocks, no files.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -168,20 +171,32 @@ def run_policy(
     if scenario.physical_arrival:
         _run_physical(policy, cluster, trace, record)
     else:
-        for r in range(n):
+        order = _dispatch_order(policy, scenario, cluster, trace)
+        r = 0
+        while r < n:
             t = int(trace.arrival_ms[r])
-            policy.advance(t)
-            choice = policy.choose(r, t)
-            req = trace.requests[r]
-            served = cluster.serve(
-                choice.instance,
-                t,
-                int(trace.ingress[r]),
-                req.input_length,
-                trace.key_lists[r],
-                choice.source,
-            )
-            record(r, choice, served)
+            end = r + 1
+            if order is not None:
+                while end < n and int(trace.arrival_ms[end]) == t:
+                    end += 1
+            batch: list[tuple[int, Choice, Served]] = []
+            for q in range(r, end):
+                policy.advance(t)
+                choice = policy.choose(q, t)
+                served = cluster.serve(
+                    choice.instance,
+                    t,
+                    int(trace.ingress[q]),
+                    trace.requests[q].input_length,
+                    trace.key_lists[q],
+                    choice.source,
+                )
+                batch.append((q, choice, served))
+            if order is not None and len(batch) > 1:
+                batch = _shortest_first(cluster, t, batch, order)
+            for q, choice, served in batch:
+                record(q, choice, served)
+            r = end
     span = (int(trace.arrival_ms[-1]) - int(trace.arrival_ms[0])) / 1000 if n else 0.0
     out = RunResult(
         policy=name,
@@ -278,6 +293,62 @@ def _run_physical(
         policy.advance(t)
         schedule(r, policy.route(r, t))
         r += 1
+
+
+WorkOf = Callable[[int, Choice, Served], float]
+
+
+def _dispatch_order(
+    policy: Policy, sc: Scenario, cluster: Cluster, trace: PreparedTrace
+) -> WorkOf | None:
+    """How the policy's dispatch ranks a millisecond's requests for one instance
+    (`Scenario.shortest_first`), or None: FCFS in trace order. Each ranks by what it
+    knows: catsproto by its C-PS's estimate, the oracle by the exact work, every other
+    policy (and catsproto's fallback) by the request's whole prefill, as it knows
+    nothing of caches."""
+    who = sc.shortest_first
+    if who == "none" or (who == "catsproto" and not isinstance(policy, HierarchicalPolicy)):
+        return None
+
+    def whole(q: int, choice: Choice, served: Served) -> float:
+        return cluster.prefill_ms(trace.requests[q].input_length, 0)
+
+    if isinstance(policy, CatsprotoPolicy):  # its fallback knew nothing of caches
+        return lambda q, choice, served: (
+            whole(q, choice, served) if choice.fallback else choice.work_ms
+        )
+    if policy.name == "oracle":
+        return lambda q, choice, served: served.fetch_ms + served.prefill_ms
+    return whole
+
+
+def _shortest_first(
+    cluster: Cluster,
+    t: int,
+    batch: list[tuple[int, Choice, Served]],
+    work_of: WorkOf,
+) -> list[tuple[int, Choice, Served]]:
+    """Requests routed at the same millisecond `t` and served one after another at each
+    instance (in trace order), re-ordered there least expected work first: the instance
+    is busy as long (its `free_at` stays), each request's wait moves. The routing
+    decisions were made before and stay; so do the caches (admitted in trace order)."""
+    by_instance: dict[int, list[int]] = {}
+    for k, (_, choice, _) in enumerate(batch):
+        by_instance.setdefault(choice.instance, []).append(k)
+    out = list(batch)
+    for i, ks in by_instance.items():
+        if len(ks) < 2:
+            continue
+        first = t + batch[ks[0]][2].wait_ms
+        ranked = sorted(ks, key=lambda k: (work_of(*batch[k]), batch[k][0]))
+        start, starts = first, []
+        for k in ranked:
+            q, choice, served = batch[k]
+            out[k] = (q, choice, replace(served, wait_ms=start - t))
+            starts.append(start)
+            start += served.fetch_ms + served.prefill_ms
+        cluster.restart(i, len(ks), starts)
+    return out
 
 
 def _classify(

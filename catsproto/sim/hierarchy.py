@@ -21,7 +21,9 @@ where the state is freshest and where every request for that site passes. Here:
   (which is added to the round trip); ``site_sticky_ms`` leaves a request on the holder
   of a longer prefix when that is at most this much slower, instead of copying the
   prefix; at the ingress, ``remote_margin_ms`` keeps a request home unless a remote site
-  is better by that much;
+  is better by that much; ``shortest_first = "catsproto"`` has the site C-PS send the
+  requests it placed in one millisecond to each instance least work first, by its own
+  estimate (`Choice.work_ms`; the engine orders them, `sim.engine`);
 - with pulls (scenario ``remote_kv``) the site C-PS prices pulls among its own
   instances, and a pull the ingress planned from another site's holder travels with
   the request (source, priced pull, remaining prefill) as the selector's request option
@@ -258,6 +260,7 @@ class HierarchicalPolicy(CatsprotoPolicy):
             None if source is None else self._index[source],
             chosen.cached_blocks,
             extra_rtt_ms=extra,
+            work_ms=chosen.prefill_ms + chosen.fetch_ms,
         )
 
     def _carried(self, s: int, wanted: Estimate) -> CarriedPull | None:

@@ -46,6 +46,7 @@ class Choice:
     claimed_blocks: int = -1  # what the policy believed was cached there (-1: no belief)
     fallback: bool = False
     extra_rtt_ms: float = 0.0  # asking a shared C-PS elsewhere costs a round trip
+    work_ms: float = 0.0  # the work the deciding C-PS expects it to put on the instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +275,7 @@ class CatsprotoPolicy(Policy):
             None if source is None else self._index[source],
             chosen.cached_blocks,
             extra_rtt_ms=self._query_rtt[x],
+            work_ms=chosen.prefill_ms + chosen.fetch_ms,
         )
 
 

@@ -84,6 +84,8 @@ class Scenario:
     site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
+    shortest_first: str  # "none", "catsproto" or "all": whose dispatch sends a
+    # millisecond's requests for one instance least work first (FCFS among them otherwise)
     remote_margin_ms: float  # ingress: a remote site must beat its own site by this much
     overflow_signal: bool  # a request sent away carries its ingress site's least queue
     arrival_spread: str  # "none", "even" or "random": how a shared timestamp's requests arrive
@@ -156,6 +158,7 @@ class Scenario:
                 site_dispatch=_flag(d, "site_dispatch", False),
                 site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
                 site_bounce=_flag(d, "site_bounce", False),
+                shortest_first=_shortest_first(d.get("shortest_first", "none")),
                 remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
                 overflow_signal=_flag(d, "overflow_signal", False),
                 arrival_spread=_spread(d.get("arrival_spread", False)),
@@ -261,6 +264,7 @@ class Scenario:
             "site_dispatch": self.site_dispatch,
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
+            "shortest_first": self.shortest_first,
             "remote_margin_ms": self.remote_margin_ms,
             "overflow_signal": self.overflow_signal,
             "arrival_spread": self.arrival_spread,
@@ -308,6 +312,18 @@ def _summary_kind(value: Any) -> int | None:
     if kind not in (1, 2, 3):
         raise ScenarioError(f"summary_kind {value!r} is not auto, exact, bloom, fuse or 1..3")
     return kind
+
+
+def _shortest_first(value: Any) -> str:
+    """Whose dispatch orders the requests of one millisecond for one instance by the work
+    it expects of them, least first: "none" (FCFS in trace order), "catsproto" (the site
+    C-PS of the two-level decision) or "all" (every policy, by its own estimate)."""
+    if value is None or value is False:
+        return "none"
+    text = value.lower() if isinstance(value, str) else None
+    if text in ("none", "catsproto", "all"):
+        return text
+    raise ScenarioError(f"shortest_first {value!r} is not none, catsproto or all")
 
 
 def _spread(value: Any) -> str:
@@ -444,6 +460,7 @@ _OPTIONAL = {
     "site_dispatch",
     "site_sticky_ms",
     "site_bounce",
+    "shortest_first",
     "remote_margin_ms",
     "overflow_signal",
     "arrival_spread",
