@@ -111,14 +111,14 @@ def _positive() -> list[tuple[str, str, object]]:
         ),
         (
             "cancel-unregistered-code",
-            "Code 300 is not registered: the frame is well formed and decodes; what a "
-            "receiver does with the code is the procedure's business.",
+            "Code 300 is not registered. The frame is well formed: a puller treats it as "
+            "a refusal, as it does every code but 1, and a holder stops as on any CANCEL.",
             Cancel(300, "code 300 is not registered"),
         ),
         (
             "refuse-long-reason",
             f'The reason given is "x" followed by 600 U+00E9 (UTF-8 c3a9), '
-            f"{len(LONG_REASON.encode())} octets. Cut at {MAX_REASON} octets it would end "
+            f"{len(LONG_REASON.encode()):,} octets. Cut at {MAX_REASON:,} octets it would end "
             "inside the 512th U+00E9, so the sender cuts at the character boundary "
             "before it: the reason sent is 1,023 octets, 78 and 511 times c3a9.",
             Refuse(Code.BAD_REQUEST, LONG_REASON),
