@@ -822,6 +822,8 @@ ENUM_TABLES: dict[str, type] = {
     "Signature Algorithms": wire.SignatureAlgorithm,
     "Sealing Algorithms": wire.AeadAlgorithm,
     "Delegation Scope Kinds": wire.ScopeKind,
+    "KV Transfer Frame Types": FrameType,
+    "KV Transfer Codes": Code,
 }
 TLV_TABLES = ("TLV Framing and Canonical Form", "Cache-State TLV Types")
 

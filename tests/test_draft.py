@@ -167,6 +167,24 @@ def test_iana_code_tables_equal_the_code(markdown, heading):
     assert draft.table_enum(markdown, heading) == draft.enum_codes(draft.ENUM_TABLES[heading])
 
 
+def test_iana_check_notices_a_transfer_code_missing(markdown):
+    broken = markdown.replace("| 6 | not-authorised |\n", "")
+    assert any("KV Transfer Codes" in p for p in draft.markdown_problems(broken, ""))
+    renamed = markdown.replace("| 8 | refuse |", "| 8 | reject |")
+    assert any("KV Transfer Frame Types" in p for p in draft.markdown_problems(renamed, ""))
+
+
+def test_transfer_frames_table_and_reason_rule_match_the_code(markdown):
+    from catsproto.transfer import FrameType
+    from catsproto.transfer.frames import MAX_REASON
+
+    assert draft.table_enum(markdown, "Frames") == draft.enum_codes(FrameType)
+    section = markdown[markdown.index("## Frames") : markdown.index("## Procedure")]
+    flat = " ".join(section.split())
+    assert f"longer than {MAX_REASON} octets to at most {MAX_REASON} octets" in flat
+    assert "at a character boundary" in flat
+
+
 def test_summary_kind_table_equals_the_summary_registry(markdown):
     from catsproto.summary import registered_kinds
 
