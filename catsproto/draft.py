@@ -580,12 +580,12 @@ def annotate_frame(raw: bytes, elide: bool = False) -> list[str]:
         [(_, frame)] = FrameReader().feed(raw)
     except (FrameError, ValueError):
         raise ValueError(f"not one whole frame: {raw.hex()}") from None
-    if encode(frame) != raw:  # type: ignore[arg-type]
+    if encode(frame) != raw:
         raise ValueError(f"frame {raw.hex()}: the codec does not reproduce it")
     out = _Annotator()
     out.field(raw[:1], f"type = {raw[0]} ({FrameType(raw[0]).name})", 0)
     out.field(raw[1:HEADER_LEN], f"length = {len(raw) - HEADER_LEN}", 0)
-    for f in frame_fields(frame):  # type: ignore[arg-type]
+    for f in frame_fields(frame):
         note = _frame_note(f.name, f.value, f.raw)
         if elide:
             out.field_elided(f.raw, note, 1)
