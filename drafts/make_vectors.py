@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from catsproto.draft import vectors_from_files  # noqa: E402
+from catsproto.draft import VECTOR_FILES, vectors_from_files  # noqa: E402
 
 OUT = ROOT / "drafts" / "vectors.md"
 
@@ -20,7 +20,7 @@ OUT = ROOT / "drafts" / "vectors.md"
 def generate() -> str:
     vectors = ROOT / "tests" / "vectors"
     return vectors_from_files(
-        {name: (vectors / f"{name}.json").read_text() for name in ("wire", "keys", "security")}
+        {name: (vectors / f"{name}.json").read_text() for name in VECTOR_FILES}
     )
 
 

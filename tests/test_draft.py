@@ -34,7 +34,7 @@ def _xml2rfc() -> str | None:
 
 def _generated() -> str:
     return draft.vectors_from_files(
-        {name: (VECTORS / f"{name}.json").read_text() for name in ("wire", "keys", "security")}
+        {name: (VECTORS / f"{name}.json").read_text() for name in draft.VECTOR_FILES}
     )
 
 
@@ -85,19 +85,59 @@ def test_annotated_hex_covers_every_byte_exactly_once():
 def test_generator_refuses_a_vector_the_codec_does_not_reproduce():
     vectors = json.loads((VECTORS / "wire.json").read_text())
     vectors["positive"][0]["json"]["sequence"]["sequence"] += 1
-    keys = json.loads((VECTORS / "keys.json").read_text())
-    security = json.loads((VECTORS / "security.json").read_text())
+    _, keys, security, transfer = _vector_files()
     with pytest.raises(ValueError, match="does not reproduce"):
-        draft.vectors_markdown(vectors, keys, security)
+        draft.vectors_markdown(vectors, keys, security, transfer)
 
 
 def test_generator_refuses_a_negative_vector_with_the_wrong_offset():
     vectors = json.loads((VECTORS / "wire.json").read_text())
     vectors["negative"][0]["offset"] += 1
-    keys = json.loads((VECTORS / "keys.json").read_text())
-    security = json.loads((VECTORS / "security.json").read_text())
+    _, keys, security, transfer = _vector_files()
     with pytest.raises(ValueError, match="codec says"):
-        draft.vectors_markdown(vectors, keys, security)
+        draft.vectors_markdown(vectors, keys, security, transfer)
+
+
+def _vector_files() -> list:
+    return [json.loads((VECTORS / f"{name}.json").read_text()) for name in draft.VECTOR_FILES]
+
+
+def test_the_appendix_is_made_of_every_vector_file():
+    assert set(draft.VECTOR_FILES) == {p.stem for p in VECTORS.glob("*.json")}
+    texts = {name: (VECTORS / f"{name}.json").read_text() for name in draft.VECTOR_FILES}
+    del texts["transfer"]
+    with pytest.raises(ValueError, match=r"transfer\.json"):
+        draft.vectors_from_files(texts)
+    for heading in ("Codec Vectors", "Block-Key Vectors", "Security Vectors",
+                    "KV Transfer Vectors"):  # fmt: skip
+        assert re.search(rf"^## {heading} \{{#vectors-", VECTORS_MD.read_text(), re.M), heading
+
+
+def test_annotated_transfer_frames_cover_every_byte_exactly_once():
+    transfer = json.loads((VECTORS / "transfer.json").read_text())
+    frames = transfer["frames"] + transfer["exchange"]["frames"]
+    for v in frames:
+        lines = draft.annotate_frame(bytes.fromhex(v["hex"]))
+        assert "".join(line.split(";")[0].strip() for line in lines) == v["hex"]
+    elided = draft.annotate_frame(bytes.fromhex(frames[-1]["hex"]), elide=True)
+    assert elided == draft.annotate_frame(bytes.fromhex(frames[-1]["hex"]))  # short: whole
+
+
+def test_generator_refuses_transfer_vectors_the_codec_does_not_reproduce():
+    wire_v, keys, security, transfer = _vector_files()
+    bad = json.loads(json.dumps(transfer))
+    bad["malformed"][1]["offset"] += 1
+    with pytest.raises(ValueError, match="codec says"):
+        draft.vectors_markdown(wire_v, keys, security, bad)
+    bad = json.loads(json.dumps(transfer))
+    [long] = [v for v in bad["frames"] if "reason_given" in v]
+    long["reason_given"] = "xx" + long["reason_given"][1:]  # other octets, another cut
+    with pytest.raises(ValueError, match="does not reproduce"):
+        draft.vectors_markdown(wire_v, keys, security, bad)
+    bad = json.loads(json.dumps(transfer))
+    bad["digests"][1]["digest"] = bad["digests"][2]["digest"]
+    with pytest.raises(ValueError, match="does not reproduce"):
+        draft.vectors_markdown(wire_v, keys, security, bad)
 
 
 # ---- tables against the registries -----------------------------------------------------
@@ -125,6 +165,24 @@ def test_registry_comparison_notices_a_missing_and_an_extra_tlv(markdown):
 @pytest.mark.parametrize("heading", sorted(draft.ENUM_TABLES))
 def test_iana_code_tables_equal_the_code(markdown, heading):
     assert draft.table_enum(markdown, heading) == draft.enum_codes(draft.ENUM_TABLES[heading])
+
+
+def test_iana_check_notices_a_transfer_code_missing(markdown):
+    broken = markdown.replace("| 6 | not-authorised |\n", "")
+    assert any("KV Transfer Codes" in p for p in draft.markdown_problems(broken, ""))
+    renamed = markdown.replace("| 8 | refuse |", "| 8 | reject |")
+    assert any("KV Transfer Frame Types" in p for p in draft.markdown_problems(renamed, ""))
+
+
+def test_transfer_frames_table_and_reason_rule_match_the_code(markdown):
+    from catsproto.transfer import FrameType
+    from catsproto.transfer.frames import MAX_REASON
+
+    assert draft.table_enum(markdown, "Frames") == draft.enum_codes(FrameType)
+    section = markdown[markdown.index("## Frames") : markdown.index("## Procedure")]
+    flat = " ".join(section.split())
+    assert f"longer than {MAX_REASON} octets to at most {MAX_REASON} octets" in flat
+    assert "at a character boundary" in flat
 
 
 def test_summary_kind_table_equals_the_summary_registry(markdown):

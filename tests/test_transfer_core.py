@@ -49,7 +49,7 @@ from catsproto.transfer import (
     synthetic_payload,
     synthetic_store,
 )
-from catsproto.transfer.frames import HEADER_LEN, MAX_REASON
+from catsproto.transfer.frames import FRAME_TYPES, HEADER_LEN, MAX_REASON, frame_fields
 from catsproto.wire import CodecError, Tier
 
 KEYS = synthetic_keys(7, 12)
@@ -128,6 +128,29 @@ def test_frame_round_trip_whole_and_byte_by_byte(frame) -> None:
         assert b"".join(f.chunk for _, f in out) == frame.chunk and len(out) == len(frame.chunk)
     else:
         assert [f for _, f in out] == [frame]
+
+
+@pytest.mark.parametrize("frame", FRAMES, ids=lambda f: type(f).__name__)
+def test_frame_fields_add_up_to_the_body_in_wire_order(frame) -> None:
+    fields = frame_fields(frame)
+    assert b"".join(f.raw for f in fields) == frame.encode_body()
+    names = [f.name for f in fields]
+    assert len(set(names)) == len(names)
+    for f in fields:  # every named value is the frame's own (keys and payload by position)
+        if f.name.startswith("keys["):
+            assert f.value == frame.keys[int(f.name[5:-1])]
+        elif f.name == "payload":
+            assert f.value == bytes(frame.chunk)
+        else:
+            assert f.value == getattr(frame, f.name)
+
+
+def test_frame_fields_cover_every_frame_type_and_show_the_reason_sent() -> None:
+    assert {type(f) for f in FRAMES} == set(FRAME_TYPES.values())
+    reason = "x" + "\u00e9" * 600  # 1,201 octets: the cut at 1,024 falls inside a character
+    [code, sent] = frame_fields(Refuse(300, reason))
+    assert (code.name, code.value, code.raw) == ("code", 300, b"\x01\x2c")
+    assert sent.name == "reason" and sent.value == "x" + "\u00e9" * 511 and len(sent.raw) == 1023
 
 
 def test_data_pieces_carry_their_frame_offset_and_stop_at_the_frame_end() -> None:

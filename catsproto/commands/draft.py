@@ -33,7 +33,7 @@ def _root() -> Path:
 def _vectors_text(root: Path) -> str:
     vectors = root / "tests" / "vectors"
     return draft.vectors_from_files(
-        {name: (vectors / f"{name}.json").read_text() for name in ("wire", "keys", "security")}
+        {name: (vectors / f"{name}.json").read_text() for name in draft.VECTOR_FILES}
     )
 
 
@@ -109,8 +109,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "vectors",
         help="write drafts/vectors.md from tests/vectors/*.json",
         description="Regenerate the draft's test-vector appendix, drafts/vectors.md, from "
-        "tests/vectors/wire.json, keys.json and security.json, and print the file written; "
-        "with --check write nothing, print a line if it is up to date and exit 1 if not.",
+        "tests/vectors/wire.json, keys.json, security.json and transfer.json, and print the "
+        "file written; with --check write nothing, print a line if it is up to date and "
+        "exit 1 if not.",
     )
     v.add_argument("--check", action="store_true", help="fail if the file is out of date")
     v.set_defaults(func=cmd_vectors)

@@ -25,6 +25,8 @@ Each frame type is one immutable dataclass with `encode_body` and `decode_body`;
 registry `FRAME_TYPES` maps codes to classes (registering a code twice raises). Decoding
 a body must consume it whole. `FrameReader` takes bytes in any split and returns whole
 frames; anything malformed raises `FrameError` with the stream offset of the frame.
+`frame_fields` lists a body's fields with their octets, for printing (the test vectors
+in tests/vectors/transfer.json and the draft's appendix).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from catsproto.transfer.codes import FrameType, frame_name
 from catsproto.transfer.errors import FrameError
@@ -267,6 +269,49 @@ def register(cls: type) -> type:
 
 for _cls in (Pull, Accept, Block, Data, Evicted, Done, Cancel, Refuse):
     register(_cls)
+
+
+class FrameField(NamedTuple):
+    """One field of a frame body: its name, its value and its octets on the wire."""
+
+    name: str
+    value: int | str | bytes
+    raw: bytes
+
+
+# The fixed part of each body, in wire order: (field, struct format). What follows it is
+# the keys of a PULL, the payload of a DATA, the reason of a CANCEL or REFUSE.
+_FIELD_LAYOUT: dict[type, tuple[tuple[str, str], ...]] = {
+    Pull: (("transfer_id", "Q"), ("holder_epoch", "Q"), ("start", "I"), ("rate_bps", "Q")),
+    Accept: (("transfer_id", "Q"), ("holder_epoch", "Q"), ("start", "I"), ("count", "I")),
+    Block: (("index", "I"), ("key", "Q"), ("size", "I"), ("digest", "32s")),
+    Data: (),
+    Evicted: (("index", "I"), ("key", "Q")),
+    Done: (("transfer_id", "Q"), ("end", "I")),
+    Cancel: (("code", "H"),),
+    Refuse: (("code", "H"),),
+}
+
+
+def frame_fields(frame: AnyFrame) -> list[FrameField]:
+    """The fields of `frame`'s body in wire order, each with its value and octets; the
+    octets add up to `encode_body()`. PULL keys are `keys[0]`, `keys[1]`, ...; a reason
+    is the one sent (cut by `reason_octets`), not necessarily the one given."""
+    fields = []
+    for name, fmt in _FIELD_LAYOUT[type(frame)]:
+        value = getattr(frame, name)
+        fields.append(FrameField(name, value, struct.pack(">" + fmt, value)))
+    if isinstance(frame, Pull):
+        fields += [
+            FrameField(f"keys[{i}]", k, struct.pack(">Q", k)) for i, k in enumerate(frame.keys)
+        ]
+    elif isinstance(frame, Data):
+        chunk = bytes(frame.chunk)
+        fields.append(FrameField("payload", chunk, chunk))
+    elif isinstance(frame, Cancel | Refuse):
+        raw = reason_octets(frame.reason)
+        fields.append(FrameField("reason", raw.decode("utf-8"), raw))
+    return fields
 
 
 def encode(frame: AnyFrame) -> bytes:
