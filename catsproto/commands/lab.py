@@ -102,6 +102,16 @@ def _new_tag(args: argparse.Namespace, root: Path) -> str | None:
     return tag
 
 
+def _sites(text: str) -> tuple[int, ...]:
+    try:
+        sites = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: site numbers, e.g. 2,3") from None
+    if not sites or len(set(sites)) != len(sites) or min(sites) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: distinct site numbers >= 1, e.g. 2,3")
+    return sites
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from catsproto.lab import embedded, runner
     from catsproto.lab.errors import LabError
@@ -117,6 +127,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     embedded_mode = args.embedded or not can_netns()
     if args.seal and embedded_mode:
         raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
+    if args.engine and (embedded_mode or args.no_feed):
+        raise UsageError("--engine needs the namespaced lab (root, not --embedded) and its feed")
+    if args.engine_sites and not args.engine:
+        raise UsageError("--engine-sites goes with --engine")
     try:
         if embedded_mode:
             root = _root(args) if args.root else LOOPBACK_ROOT
@@ -136,6 +150,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 feed_interval=args.interval,
                 tag=_new_tag(args, root),
                 seal=args.seal,
+                engine=args.engine,
+                engine_sites=args.engine_sites or runner.DEFAULT_ENGINE_SITES,
             )
     except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
         raise UsageError(f"{path.name}: {exc}") from None
@@ -668,6 +684,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=seconds(),
         default=2.0,
         help="seconds between the modelled instances' cache updates",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["vllm"],
+        help="real engines: `vllm serve` (the tiny model of lab/engine, from .venv-engine) "
+        "serves the first instance of each --engine-sites site (service 200, model "
+        "catsproto-tiny), fed to its C-SMA by its own KV events; the ingress at the "
+        "selector serves OpenAI's API for it (docs/engine.md). Namespaced lab only; "
+        "waits until every engine answers",
+    )
+    p.add_argument(
+        "--engine-sites",
+        type=_sites,
+        default=None,
+        metavar="N,N",
+        help="sites whose first instance is a real engine (default 2,3: two engines fit "
+        "two cores and a few GiB)",
     )
     common(
         p,

@@ -25,6 +25,7 @@ a client measures is prefill (and queue) time plus sub-millisecond forwarding.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import secrets
@@ -186,6 +187,68 @@ def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
     lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "steering API")
     if not ready.exists():
         raise LabError(f"steering API died: {Path(proc.log).read_text()[-2000:]}")
+    return proc
+
+
+INGRESS_PORT = 8000  # the OpenAI-compatible ingress, on the ingress's client-facing address
+
+
+def ingress_token_file(lab: Lab) -> Path:
+    """The file holding the ingress's bearer token (the OpenAI client's api_key)."""
+    return lab.node_dir(ingress_node(lab.topology)) / "ingress.token"
+
+
+def ingress_url(lab: Lab) -> str:
+    _, _, address = client_link(lab.topology, ingress_node(lab.topology))
+    return f"http://{address}:{INGRESS_PORT}"
+
+
+def start_ingress(lab: Lab, timeout: float = 30.0) -> netns.Process:
+    """The OpenAI-compatible ingress (`catsproto ingress serve`) in the ingress's
+    namespace, beside the steering API: the engines' model keyed as their C-SMAs key it
+    (the lab's secret, the engines' block size), proxied to the engine the selector
+    picks, over the path it installs."""
+    from catsproto.lab.engine import ENGINE_BLOCK_TOKENS, ENGINE_PORT, MODEL_DIR, SERVED_MODEL
+    from catsproto.lab.engine_site import ENGINE_CS_ID
+
+    ingress = ingress_node(lab.topology)
+    _, _, address = client_link(lab.topology, ingress)
+    d = lab.node_dir(ingress)
+    config = dataclasses.replace(
+        steering_config(lab),
+        model_id=SERVED_MODEL,
+        block_size=ENGINE_BLOCK_TOKENS,
+        instance_port=ENGINE_PORT,
+    )
+    conf = d / "ingress.json"
+    conf.write_text(json.dumps(config.to_json()))
+    token = write_token_file(ingress_token_file(lab))
+    ready = d / "ingress.ready"
+    ready.unlink(missing_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "catsproto.cli",
+        "ingress",
+        "serve",
+        "--config",
+        str(conf),
+        "--model",
+        f"{SERVED_MODEL}={ENGINE_CS_ID}:{MODEL_DIR}:{ENGINE_PORT}",
+        "--listen",
+        f"{address}:{INGRESS_PORT}",
+        "--api-token-file",
+        str(token),
+        "--ready",
+        str(ready),
+    ]
+    proc = lab.handle.start(ingress, "ingress", argv)
+    url = f"http://{address}:{INGRESS_PORT}"
+    lab.handle.state.info["ingress"] = {"url": url, "token_file": str(token)}
+    lab.handle.save()
+    lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "ingress")
+    if not ready.exists():
+        raise LabError(f"ingress died: {Path(proc.log).read_text()[-2000:]}")
     return proc
 
 

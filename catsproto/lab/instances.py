@@ -48,6 +48,7 @@ from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
+from catsproto.lab.engine import EngineSpec
 from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.node import (
     BuilderConfig,
@@ -454,15 +455,40 @@ def serve(
     change_threshold: float = 0.05,
     group_keys: security.GroupKeyring | None = None,
     api_token: bytes | None = None,
+    engines: dict[str, EngineSpec] | None = None,
+    engine_timeout: float = 300.0,
 ) -> None:
     """Run the node's instances until `stop` is set; the first one of each site serves
     the site's demo conversation first (unless `warm` is off). Background:
     `background_blocks` random blocks per instance every `interval` seconds (0: none).
-    With `group_keys` every route's cache section is sealed under them."""
+    With `group_keys` every route's cache section is sealed under them. An instance
+    named in `engines` is a real engine the runner started: its C-SMA runs here
+    (`EngineCsma`), and `ready` is written once every engine answers."""
+    from catsproto.lab.engine_site import EngineCsma
+
+    engines = engines or {}
     instances: list[ServedInstance] = []
+    csmas: list[EngineCsma] = []
     trust = security.TrustStore.from_json(lab_trust(topology, int(time.time() * 1000)))
     try:
         for spec in topology.nodes[node].instances:
+            if spec.name in engines:
+                csmas.append(
+                    EngineCsma(
+                        spec,
+                        engines[spec.name],
+                        spool,
+                        lab_key(topology, spec.name),
+                        secret=DEMO_SECRET,
+                        secret_id=DEMO_SECRET_ID,
+                        min_interval_ms=int(interval * 1000),
+                        max_message=max_message,
+                        as_path_hops=PATH_MARGIN_HOPS,
+                        reserve_bytes=384 + BIRD_RESERVE,
+                        group_keys=group_keys,
+                    )
+                )
+                continue
             instances.append(
                 ServedInstance(
                     spec,
@@ -491,8 +517,13 @@ def serve(
             w.join()
         for inst in instances:
             inst.start()
+        for csma in csmas:
+            if not csma.wait_ready(engine_timeout):
+                raise SystemExit(f"engine {csma.engine.url} not healthy after {engine_timeout} s")
+            csma.start()
         if ready is not None:
-            ready.write_text(json.dumps([inst.server.url for inst in instances]))
+            urls = [inst.server.url for inst in instances] + [c.engine.url for c in csmas]
+            ready.write_text(json.dumps(urls))
         rng = np.random.default_rng(sum(i.spec.site_id for i in instances) + 7)
         while not stop.wait(interval):
             for inst in instances:
@@ -504,6 +535,8 @@ def serve(
                         daemon=True,
                     ).start()
     finally:
+        for csma in csmas:
+            csma.close()
         for inst in instances:
             inst.close()
 
@@ -545,10 +578,14 @@ def main(argv: list[str] | None = None) -> int:
         "--api-token-file",
         help="bearer token the served instances' HTTP APIs require (see instance serve)",
     )
+    p.add_argument(
+        "--engines", help="JSON file naming the instances that are real engines (the runner's)"
+    )
     args = p.parse_args(argv)
     if args.kv_bytes < 1 or args.payload_bytes < 1:
         p.error("--kv-bytes and --payload-bytes must be >= 1")
     from catsproto.adapters.http import token_option
+    from catsproto.lab.engine_site import load_engines
 
     try:
         api_token = token_option(args.api_token_file, "--api-token-file")
@@ -580,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             change_threshold=args.change_threshold,
             group_keys=group_keys,
             api_token=api_token,
+            engines=load_engines(args.engines) if args.engines else None,
         )
         return 0
     instances = [

@@ -49,6 +49,7 @@ from catsproto.lab.topology import Topology, load
 DEFAULT_ROOT = Path(os.environ.get("CATSPROTO_LAB_ROOT", "/run/catsproto"))
 FRR_RUN = Path("/var/run/frr")
 FRR_BIN = Path("/usr/lib/frr")
+DEFAULT_ENGINE_SITES = (2, 3)  # `lab up --engine`: where the real engines run
 
 
 def exabgp_binary() -> str:
@@ -310,12 +311,18 @@ def up(
     feed_interval: float = 2.0,
     instance_args: tuple[str, ...] = (),
     seal: bool = False,
+    engine: str | None = None,
+    engine_sites: tuple[int, ...] = DEFAULT_ENGINE_SITES,
 ) -> Lab:
     """Build the lab and start its daemons; on any failure tear down what exists.
     `seal`: the instances seal their cache sections under the lab's group key and the
-    receivers open them (`Lab.sealed`)."""
-    topology = load(topology_path)
+    receivers open them (`Lab.sealed`). `engine` ("vllm"): the first instance of each of
+    `engine_sites` is a real engine (`with_engines`; the lab then runs from that
+    topology, written into its run directory)."""
     tag = tag or netns.lab_tag()
+    if engine is not None:
+        topology_path = engine_topology(topology_path, Path(root) / tag, engine, engine_sites)
+    topology = load(topology_path)
     handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
     handle.state.info["sealed"] = seal
     lab = Lab(topology, handle, str(topology_path))
@@ -327,6 +334,24 @@ def up(
             discard(handle, keep_logs=not isinstance(exc, KeyboardInterrupt))
             raise
     return lab
+
+
+def engine_topology(path: str | Path, run_dir: Path, engine: str, sites: tuple[int, ...]) -> Path:
+    """The topology at `path` with real engines at `sites` (`with_engines`), written into
+    `run_dir` (created), where `lab status` and `down` find it."""
+    import yaml
+
+    from catsproto.lab.engine_site import ENGINE_CS_ID
+    from catsproto.lab.topology import TopologyError, with_engines
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise TopologyError(f"cannot read {path}: {exc}") from None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / Path(path).name
+    out.write_text(yaml.safe_dump(with_engines(doc, engine, list(sites), ENGINE_CS_ID)))
+    return out
 
 
 def _build(lab: Lab, feed: bool, feed_interval: float, instance_args: tuple[str, ...]) -> None:
@@ -441,6 +466,7 @@ def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()
                 lab.topology, str(lab.node_dir(name) / "trust.json"), int(time.time() * 1000)
             )
     token = write_token_file(instances_token_file(lab)) if lab.handle.namespaced else None
+    engines = start_engines(lab)
     for name, node in lab.topology.nodes.items():
         if node.announce and node.instances:
             argv = [
@@ -462,11 +488,82 @@ def start_feeders(lab: Lab, interval: float, instance_args: tuple[str, ...] = ()
                 argv += ["--serve", "--api-token-file", str(token), *instance_args]
             if lab.sealed:  # the receivers hold the key (`write_group_key`)
                 argv.append("--seal")
+            if name in engines:
+                argv += ["--engines", str(engines[name]), "--ready", str(_ready_file(lab, name))]
             lab.handle.start(name, "instances", argv)
+    if engines:
+        wait_for_engines(lab, list(engines))
     if lab.handle.namespaced and lab.hosts:
-        from catsproto.lab.flows import start_steering
+        from catsproto.lab.flows import start_ingress, start_steering
 
         start_steering(lab)
+        if engines:
+            start_ingress(lab)
+
+
+def _ready_file(lab: Lab, node: str) -> Path:
+    return lab.node_dir(node) / "instances.ready"
+
+
+def start_engines(lab: Lab) -> dict[str, Path]:
+    """Start a real engine for every instance the topology says is one, in its egress's
+    namespace on the instance's own address (each bound to one core of its own, in
+    turn); returns egress node -> the engines file its instances process reads."""
+    from catsproto.lab.engine import EngineSpec, check_installed
+    from catsproto.lab.engine_site import EngineSite
+
+    wanted = [
+        (name, spec)
+        for name, node in lab.topology.nodes.items()
+        for spec in node.instances
+        if spec.engine is not None
+    ]
+    if not wanted:
+        return {}
+    if not lab.handle.namespaced:
+        raise LabError("real engines need the namespaced lab (root, not --embedded)")
+    python = check_installed()
+    cores = os.cpu_count() or 1
+    files: dict[str, list[dict[str, Any]]] = {}
+    for i, (node, inst) in enumerate(wanted):
+        engine = EngineSpec(host=str(inst.address), cpu=str(i % cores))
+        proc = lab.handle.start(node, f"engine-{inst.name}", engine.argv(python), env=engine.env())
+        site = EngineSite(inst, engine).to_json()
+        site["log"] = proc.log
+        files.setdefault(node, []).append(site)
+    lab.handle.state.info["engines"] = [e for sites in files.values() for e in sites]
+    lab.handle.save()
+    out = {}
+    for node, sites in files.items():
+        path = lab.node_dir(node) / "engines.json"
+        path.write_text(json.dumps(sites, indent=1))
+        _ready_file(lab, node).unlink(missing_ok=True)
+        out[node] = path
+    return out
+
+
+def wait_for_engines(lab: Lab, nodes: list[str], timeout: float = 300.0) -> None:
+    """Wait until every engine answers and its C-SMA runs (each egress's instances
+    process writes its ready file then); an engine or instances process that dies
+    first, or a timeout, is a LabError carrying the log's tail."""
+    from catsproto.lab.engine import log_tail
+
+    watched = [p for p in lab.handle.state.processes if p.name.startswith("engine-")]
+    started = time.monotonic()
+    while not all(_ready_file(lab, n).exists() for n in nodes):
+        for p in watched:
+            if not lab.handle.alive(p):
+                raise LabError(f"engine {p.name} ({p.node}) exited:\n{log_tail(p.log)}")
+        for n in nodes:
+            inst = next(
+                (p for p in lab.handle.state.processes if p.node == n and p.name == "instances"),
+                None,
+            )
+            if inst is not None and not lab.handle.alive(inst):
+                raise LabError(f"instances of {n} exited:\n{log_tail(inst.log)}")
+        if time.monotonic() - started > timeout:
+            raise LabError(f"engines not ready after {timeout:.0f} s (logs in {lab.run_dir})")
+        time.sleep(0.5)
 
 
 def attach(run_dir: str | Path) -> Lab:

@@ -7,7 +7,8 @@ itself accepts, so the same file deploys with `containerlab deploy`:
   optionally `catsproto.router-id`, and for ExaBGP nodes `catsproto.announce`,
   `catsproto.receive`, `catsproto.extended-message`, `catsproto.spool-poll` and one
   `catsproto.instance.<name>: "csci=10.1.0.11/32 shards=10.201.11.0/28 cs-id=100 site=1"`
-  per modelled inference instance behind that egress;
+  per modelled inference instance behind that egress (``engine=vllm`` in it: a real
+  vLLM engine serves that instance, `catsproto.lab.engine`);
 * links use containerlab's extended veth form: per-endpoint `ipv4` addresses, and
   `vars: {delay: 5ms, rate: 1gbit}` for the netem shaping of both directions.
 
@@ -46,6 +47,7 @@ class InstanceSpec:
     shards: ipaddress.IPv4Network  # the range its shard routes come from
     cs_id: int
     site_id: int
+    engine: str | None = None  # "vllm": a real engine serves it (catsproto.lab.engine)
 
     @property
     def address(self) -> ipaddress.IPv4Address:
@@ -182,11 +184,24 @@ def _instance(node: str, name: str, text: str) -> InstanceSpec:
             shards=ipaddress.IPv4Network(fields["shards"]),
             cs_id=int(fields.get("cs-id", 100)),
             site_id=int(fields.get("site", 0)),
+            engine=_engine(fields.get("engine")),
         )
     except (KeyError, ValueError) as exc:
         raise TopologyError(
-            f"node {node}: instance {name}: {exc} (want csci=A/32 shards=N/L cs-id=C site=S)"
+            f"node {node}: instance {name}: {exc} "
+            "(want csci=A/32 shards=N/L cs-id=C site=S [engine=vllm])"
         ) from None
+
+
+ENGINES = ("vllm",)
+
+
+def _engine(text: str | None) -> str | None:
+    if text is None or text == "model":
+        return None
+    if text not in ENGINES:
+        raise ValueError(f"engine={text}: the engines are {', '.join(ENGINES)} (or model)")
+    return text
 
 
 def _node(name: str, spec: dict[str, Any] | None) -> Node | None:
@@ -302,3 +317,34 @@ def load(path: str | Path) -> Topology:
     except yaml.YAMLError as exc:
         raise TopologyError(f"{path} is not YAML: {exc}") from None
     return from_dict(doc)
+
+
+def with_engines(doc: dict[str, Any], engine: str, sites: list[int], cs_id: int) -> dict[str, Any]:
+    """The containerlab document `doc` with the first instance (by name) of each of
+    `sites` served by a real `engine` for service `cs_id` (`lab up --engine`): its
+    label gains ``engine=ENGINE`` and its ``cs-id`` becomes `cs_id`. A site without an
+    instance is a TopologyError; the other instances stay modelled."""
+    import copy
+
+    if engine not in ENGINES:
+        raise TopologyError(f"engine {engine!r}: the engines are {', '.join(ENGINES)}")
+    out = copy.deepcopy(doc)
+    nodes = ((out.get("topology") or {}).get("nodes")) or {}
+    firsts: dict[int, tuple[str, str, str]] = {}  # site -> (instance, node, label key)
+    for node_name, spec in nodes.items():
+        for key, value in sorted(((spec or {}).get("labels") or {}).items()):
+            if not key.startswith(PREFIX + "instance."):
+                continue
+            inst = _instance(node_name, key.split(".", 2)[2], value)
+            if inst.site_id in sites and (
+                inst.site_id not in firsts or inst.name < firsts[inst.site_id][0]
+            ):
+                firsts[inst.site_id] = (inst.name, node_name, key)
+    missing = sorted(set(sites) - set(firsts))
+    if missing:
+        raise TopologyError(f"--engine: no instance at site(s) {', '.join(map(str, missing))}")
+    for _, node_name, key in firsts.values():
+        labels = nodes[node_name]["labels"]
+        parts = [p for p in str(labels[key]).split() if not p.startswith(("cs-id=", "engine="))]
+        labels[key] = " ".join([*parts, f"cs-id={cs_id}", f"engine={engine}"])
+    return out

@@ -1,0 +1,253 @@
+"""An engine site's C-SMA in the lab: a real vLLM's KV events in, signed routes out.
+
+Strategy. Where a topology's instance is a real engine (`lab up --engine vllm`), the
+runner starts `vllm serve` on the instance's address in its egress's namespace
+(`catsproto.lab.engine`), and the egress's instances process runs this C-SMA beside the
+modelled ones: the same `NodeAgent` as `instance node` (subscribed to the engine's own
+KV events and replay socket, keyed with the lab's secret at the engine's block size),
+its capacity the engine's real KV blocks, its load scraped from the engine's
+Prometheus ``/metrics``. Every route the builder emits is sealed (when the lab is),
+signed with the instance's lab key and spooled, exactly as for a modelled instance, so
+BGP, the receivers and the selector cannot tell the two apart.
+
+The C-SMA speaks only for a live engine: nothing is announced before the engine's
+``/health`` answers, and an engine that stops answering (``DOWN_AFTER`` probes in a
+row) has every route withdrawn, so the selector stops choosing it once BGP carries
+the withdrawals. When the engine answers again the builder sends everything afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from catsproto import security, wire
+from catsproto.adapters.exabgp_announce import Spool
+from catsproto.keys import BlockKeyer
+from catsproto.lab.engine import EngineSpec, healthy
+from catsproto.lab.topology import InstanceSpec
+from catsproto.node import (
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
+    ModelShape,
+    RouteAdvertisement,
+    TierSpec,
+)
+from catsproto.wire import Tier
+
+ENGINE_CS_ID = 200  # the service the lab's engines serve (the modelled ones serve 100)
+# the tiny model of lab/engine/tiny-llama: 2 layers, 4 KV heads of 32, bf16
+TINY_SHAPE = (2, 4, 32, 2)
+ENGINE_PREFILL_TPS = 4_000.0  # until the engine has prefilled enough to measure it
+DOWN_AFTER = 3  # failed health probes in a row before the routes are withdrawn
+PROBE_S = 1.0
+
+
+@dataclass(frozen=True)
+class EngineSite:
+    """One instance served by a real engine: its lab identity and its engine."""
+
+    instance: InstanceSpec
+    engine: EngineSpec
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "instance": self.instance.name,
+            "host": e.host,
+            "port": e.port,
+            "events_port": e.events_port,
+            "replay_port": e.replay_port,
+            "num_gpu_blocks": e.num_gpu_blocks,
+            "cpu": e.cpu,
+            "log": None,
+        }
+
+
+def engine_spec_from_json(obj: dict[str, Any]) -> EngineSpec:
+    return EngineSpec(
+        host=str(obj["host"]),
+        port=int(obj["port"]),
+        events_port=int(obj["events_port"]),
+        replay_port=int(obj["replay_port"]),
+        num_gpu_blocks=int(obj["num_gpu_blocks"]),
+        cpu=obj.get("cpu"),
+    )
+
+
+def load_engines(path: str | Path) -> dict[str, EngineSpec]:
+    """instance name -> its engine, from the runner's engines file."""
+    doc = json.loads(Path(path).read_text())
+    return {str(e["instance"]): engine_spec_from_json(e) for e in doc}
+
+
+class EngineCsma:
+    """The C-SMA of one real engine: NodeAgent + metrics scrape + health gate + spool."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        engine: EngineSpec,
+        spool: Spool,
+        signer: security.SigningKey,
+        *,
+        secret: bytes,
+        secret_id: int,
+        min_interval_ms: int = 1_000,
+        max_message: int = 4096,
+        as_path_hops: int = 8,
+        reserve_bytes: int = 1384,
+        group_keys: security.GroupKeyring | None = None,
+    ) -> None:
+        self.spec, self.engine, self.spool, self.signer = spec, engine, spool, signer
+        self.group_keys = group_keys
+        self.published: set[Any] = set()
+        self.up = False
+        self.health_failures = 0
+        self.withdrawals = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._secret, self._secret_id = secret, secret_id
+        self._limits = (min_interval_ms, max_message, as_path_hops, reserve_bytes)
+        self.scraper: Any = None  # the engine's /metrics, scraped once it answers
+        self.node = self._make_node()
+        self._monitor = threading.Thread(target=self._watch, daemon=True, name="engine-health")
+
+    def _make_node(self) -> Any:
+        """A C-SMA with a new epoch (the wall-clock second): after the engine was down,
+        the next one starts afresh, as a restarted instance does."""
+        from catsproto.adapters.instance import NodeAgent
+        from catsproto.adapters.vllm_events import RankEndpoint
+
+        engine, spec = self.engine, self.spec
+        min_interval_ms, max_message, as_path_hops, reserve_bytes = self._limits
+        shape = ModelShape(*TINY_SHAPE, engine.block_size)
+        return NodeAgent(
+            BuilderConfig(
+                cs_id=ENGINE_CS_ID,
+                address=str(spec.address),
+                model_id=engine.served_model_name,
+                block_size=engine.block_size,
+                secret_id=self._secret_id,
+                bytes_per_block=shape.bytes_per_block,
+                site_id=spec.site_id,
+                max_message_bytes=max_message,
+                as_path_hops=as_path_hops,
+                reserve_bytes=reserve_bytes,
+                shard_range=str(spec.shards),
+                snapshot_every=1,  # the receiver's rib.json keeps the latest value only
+                dampening=DampeningPolicy(
+                    min_interval_ms,
+                    max(min_interval_ms, 10_000),
+                    change_threshold=0.0,  # every change of a real cache is news
+                    wait_threshold_ms=50.0,
+                ),
+            ),
+            [TierSpec(Tier.HBM, engine.num_gpu_blocks, 5, 1_600_000)],
+            BlockKeyer(self._secret, engine.served_model_name, engine.block_size),
+            [RankEndpoint(0, engine.events, engine.replay)],
+            self._compute_state,
+            on_routes=self._publish,
+        )
+
+    def _compute_state(self) -> ComputeState:
+        if self.scraper is None:
+            return ComputeState(prefill_rate_tps=ENGINE_PREFILL_TPS)
+        state: ComputeState = self.scraper.compute_state()
+        return state
+
+    def _publish(self, routes: list[RouteAdvertisement]) -> None:
+        with self._lock:
+            if not self.up:
+                return  # an engine not (or no longer) answering is not advertised
+            for r in routes:
+                adv = r.advertisement
+                if self.group_keys is not None:
+                    adv = security.seal(adv, self.group_keys, os.urandom(12))
+                signed = security.sign(adv, self.signer, r.prefix)
+                self.spool.publish(r.prefix, wire.encode(signed))
+                self.published.add(r.prefix)
+
+    def _withdraw_all(self) -> None:
+        with self._lock:
+            for prefix in self.published:
+                self.spool.withdraw(prefix)
+            if self.published:
+                self.withdrawals += 1
+            self.published.clear()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the engine answers /health (True), or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if healthy(self.engine.url):
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _watch(self) -> None:
+        fails = 0
+        while not self._stop.wait(PROBE_S):
+            if healthy(self.engine.url):
+                fails = 0
+                if not self.up:  # back: a new C-SMA, a new epoch, everything afresh
+                    old, self.node = self.node, self._make_node()
+                    old.close()
+                    with self._lock:
+                        self.up = True
+                    self.node.start()
+            else:
+                fails += 1
+                self.health_failures += 1
+                if self.up and fails >= DOWN_AFTER:
+                    with self._lock:
+                        self.up = False
+                    self._withdraw_all()
+
+    def start(self) -> EngineCsma:
+        """Start the C-SMA (its engine answers by now: `wait_ready`): the engine's load
+        scraped from its /metrics, whose block size and KV blocks must be the spec's."""
+        from catsproto.adapters.vllm_metrics import EngineScraper, scrape
+
+        first = scrape(self.engine.url)
+        if (first.block_size, first.num_gpu_blocks) != (
+            self.engine.block_size,
+            self.engine.num_gpu_blocks,
+        ):
+            raise ValueError(
+                f"engine {self.engine.url} runs {first.num_gpu_blocks} blocks of "
+                f"{first.block_size} tokens, not {self.engine.num_gpu_blocks} of "
+                f"{self.engine.block_size}"
+            )
+        self.scraper = EngineScraper(self.engine.url, first, ENGINE_PREFILL_TPS).start()
+        self.up = True
+        self.node.start()
+        self._monitor.start()
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "instance": self.spec.name,
+            "engine": self.engine.url,
+            "up": self.up,
+            "health_failures": self.health_failures,
+            "withdrawals": self.withdrawals,
+            "routes": len(self.published),
+            "scrape": self.scraper.state() if self.scraper is not None else None,
+            **self.node.state(),
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._monitor.is_alive():
+            self._monitor.join(timeout=3)
+        self.node.close()
+        if self.scraper is not None:
+            self.scraper.close()
+        self._withdraw_all()
