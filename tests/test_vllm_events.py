@@ -26,6 +26,7 @@ from catsproto.adapters.vllm_events import (
 )
 from catsproto.keys import BlockKeyer
 from catsproto.node import (
+    DEFAULT_MEDIA,
     KeyMode,
     TieredCache,
     TierSpec,
@@ -465,3 +466,28 @@ def test_bind_mode_two_ranks_with_our_publisher(ctx: zmq.Context) -> None:
     first = {KEYER.block_keys(t)[0] for t in tokens}
     assert snapshot(cache)[Tier.HBM] == first
     assert snapshot(cache)[Tier.DRAM] == {KEYER.block_keys(t)[1] for t in tokens}
+
+
+# ---- offload media are sets -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("medium", ["CPU", "DISK", "STORAGE"])
+def test_an_offload_store_is_a_set_while_gpu_copies_are_counted(medium: str) -> None:
+    cache = new_cache()
+    ingest = VllmIngest(cache, KEYER)
+    toks = [1, 2, 3, 4]
+    (key,) = KEYER.block_keys(toks)
+    tier = DEFAULT_MEDIA[medium]
+    for m in ("GPU", medium):
+        store = parse_batch([0.0, [stored_event([11], None, toks, BS, medium=m)], 0])
+        ingest.apply_batch(store)
+        ingest.apply_batch(store)  # stored twice, no removal between
+    assert ingest.copies(0) == {("GPU", None, 11): 2, (medium, None, 11): 1}
+    ingest.apply_batch(parse_batch([0.0, [removed_event([11], medium=medium)], 0]))
+    assert key not in cache.lru_keys(tier)  # the store dropped it: one removal is enough
+    ingest.apply_batch(parse_batch([0.0, [removed_event([11], medium="GPU")], 0]))
+    assert key in cache.lru_keys(Tier.HBM)  # a second GPU copy is still held
+    ingest.apply_batch(parse_batch([0.0, [removed_event([11], medium="GPU")], 0]))
+    assert key not in cache and ingest.copies(0) == {}
+    ingest.apply_batch(parse_batch([0.0, [removed_event([11], medium=medium)], 0]))
+    assert ingest.stats.unknown_removals == 1 and ingest.stats.unknown_media == 0

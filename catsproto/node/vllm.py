@@ -15,9 +15,11 @@ struct is not array-like.
   ``token_ids`` with `BlockKeyer.chain` (or, for engines whose ids are already chained
   and shared with the selector — the Mooncake trace — with `BlockKeyer.engine_key`),
   and remember hash → key so a child chains from its parent's key;
-* vLLM does not de-duplicate identical blocks, so copies are counted per
+* vLLM does not de-duplicate identical GPU blocks, so GPU copies are counted per
   (rank, medium, group, hash); a block joins a tier on its first copy and leaves it with
-  its last;
+  its last. Every other medium (a CPU or DISK offload store) is a set keyed by hash: a
+  second store of a hash it holds is a no-op and one removal removes it (counting those
+  kept a twice-stored, once-removed CPU block advertised after the store dropped it);
 * ``medium`` (GPU, CPU, DISK ...) maps to a tier; ``None`` means GPU; AllBlocksCleared
   clears the GPU medium of its rank only;
 * blocks hashed with LoRA names or extra keys (multimodal inputs, cache salts) name more
@@ -72,6 +74,7 @@ DEFAULT_MEDIA: Mapping[str, Tier] = {
     "DISK": Tier.SSD,
     "SSD": Tier.SSD,
     "LOCAL_DISK": Tier.SSD,
+    "STORAGE": Tier.SSD,
     "REMOTE": Tier.REMOTE,
 }
 """vLLM ``medium`` strings (upper-cased before lookup) to tiers."""
@@ -398,7 +401,7 @@ class VllmIngest:
         self._known: dict[int | bytes, int] = {}
         """Engine hash -> our key (or _SKIP), oldest first, trimmed to max_known_hashes."""
         self._copies: dict[int, dict[tuple[str, int | None, int | bytes], list[int]]] = {}
-        """rank -> (medium, group, hash) -> [copies, key]."""
+        """rank -> (medium, group, hash) -> [copies (1 unless GPU), key]."""
         self._presence: dict[tuple[Tier, int], int] = {}
         self._tier_of_medium: dict[str | None, Tier | None] = {}
 
@@ -483,7 +486,8 @@ class VllmIngest:
             ck = (medium, group, h)
             entry = copies.get(ck)
             if entry is not None:
-                entry[0] += 1
+                if medium == MEDIUM_GPU:  # another GPU copy; an offload store is a set
+                    entry[0] += 1
                 continue
             if not copies:
                 self._copies[rank] = copies  # (again, when it is already there: harmless)
@@ -552,7 +556,8 @@ class VllmIngest:
         self.stats.rank_resets += 1
 
     def copies(self, rank: int) -> dict[tuple[str, int | None, int | bytes], int]:
-        """(medium, group, hash) -> copies held by `rank` (for tests and inspection)."""
+        """(medium, group, hash) -> copies held by `rank` (for tests and inspection; 1
+        for every block of a medium other than GPU)."""
         return {ck: e[0] for ck, e in self._copies.get(rank, {}).items()}
 
 
