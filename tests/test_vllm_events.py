@@ -3,14 +3,17 @@ gap recovery through the replay socket, resync and engine restarts."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import msgpack
 import pytest
 import zmq
 
+from catsproto.adapters.instance import NodeAgent
 from catsproto.adapters.vllm_events import (
     RankEndpoint,
     VllmEventPublisher,
@@ -27,6 +30,9 @@ from catsproto.adapters.vllm_events import (
 from catsproto.keys import BlockKeyer
 from catsproto.node import (
     DEFAULT_MEDIA,
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
     KeyMode,
     TieredCache,
     TierSpec,
@@ -491,3 +497,81 @@ def test_an_offload_store_is_a_set_while_gpu_copies_are_counted(medium: str) -> 
     assert key not in cache and ingest.copies(0) == {}
     ingest.apply_batch(parse_batch([0.0, [removed_event([11], medium=medium)], 0]))
     assert ingest.stats.unknown_removals == 1 and ingest.stats.unknown_media == 0
+
+
+# ---- a block size the node does not key --------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", list(KeyMode))
+def test_blocks_of_another_size_are_refused_and_never_keyed(mode: KeyMode) -> None:
+    cache = new_cache()
+    ingest = VllmIngest(cache, KEYER, key_mode=mode)
+    toks = list(range(2 * BS))
+    wide = parse_batch([0.0, [stored_event([1], None, toks, 2 * BS)], 0])
+    ingest.apply_batch(wide)
+    ingest.apply_batch(wide)
+    ingest.apply_batch(parse_batch([0.0, [stored_event([2, 3], None, toks, BS // 2)], 1]))
+    # a child of a refused block is not keyed from it either
+    ingest.apply_batch(parse_batch([0.0, [stored_event([4], 1, toks[:BS], BS)], 0]))
+    assert all(not keys for keys in snapshot(cache).values())
+    s = ingest.stats
+    assert s.block_size_mismatch == 4 and s.mismatched_block_sizes == {2 * BS: 2, BS // 2: 2}
+    assert s.orphans == 1 and s.blocks_stored == 5
+    notices = ingest.take_notices()
+    assert [(n.rank, n.engine_block_size, n.node_block_size) for n in notices] == [
+        (0, 2 * BS, BS),
+        (1, BS // 2, BS),
+    ]
+    assert f"blocks of {2 * BS} tokens" in notices[0].message
+    assert f"node keys blocks of {BS} tokens" in notices[0].message
+    assert ingest.take_notices() == []
+
+
+def test_a_block_size_mismatch_is_an_error_in_the_log_and_the_node_state(
+    ctx: zmq.Context, engine: RawEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = node_agent(RankEndpoint(0, engine.pub_endpoint, engine.replay_endpoint), ctx)
+    caplog.set_level(logging.WARNING, logger="catsproto.adapters.vllm_events")
+    try:
+        engine.wait_subscriber()
+        toks = list(range(4 * BS))
+        for _ in range(3):  # one size, three times: one ERROR
+            engine.publish(encode_payload(0.0, [stored_event([1], None, toks, 4 * BS)], 0))
+        engine.publish(encode_payload(0.0, [stored_event([2], None, toks[: 2 * BS], 2 * BS)], 0))
+        engine.publish(encode_payload(0.0, [stored_event([3], None, toks[:BS], BS)], 0))
+        step_until(node, lambda: node.ingest.stats.batches == 5)
+        errors = [r for r in caplog.records if r.name == "catsproto.adapters.vllm_events"]
+        assert [r.levelno for r in errors] == [logging.ERROR] * 2
+        assert f"blocks of {4 * BS} tokens" in errors[0].getMessage()
+        state = node.state()
+        assert state["ingest"]["block_size_mismatch"] == 4
+        assert state["ingest"]["mismatched_block_sizes"] == {str(4 * BS): 3, str(2 * BS): 1}
+        last = state["subscriber"]["last_error"]
+        assert f"blocks of {2 * BS} tokens" in last and f"keys blocks of {BS} tokens" in last
+        assert node.cache.count(Tier.HBM) == 1  # the block of the right size
+        scraped = node.metrics().decode().splitlines()
+        assert 'catsproto_node_block_size_mismatch_blocks_total{instance="10.0.0.5"} 4.0' in (
+            scraped
+        )
+    finally:
+        node.close()
+
+
+def node_agent(endpoint: RankEndpoint, ctx: zmq.Context) -> NodeAgent:
+    cfg = BuilderConfig(
+        cs_id=1,
+        address="10.0.0.5",
+        model_id="test/model",
+        block_size=BS,
+        bytes_per_block=1 << 20,
+        dampening=DampeningPolicy(min_interval_ms=0, max_interval_ms=60_000),
+    )
+    tiers = [TierSpec(Tier.HBM, 10_000, 5, 1)]
+    return NodeAgent(cfg, tiers, KEYER, [endpoint], ComputeState, epoch=1, context=ctx)
+
+
+def step_until(node: NodeAgent, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not done():
+        assert time.monotonic() < deadline, node.state()
+        node.step(50)

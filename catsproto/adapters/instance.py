@@ -704,8 +704,21 @@ class NodeAgent:
             return {
                 "blocks": {t.name.lower(): self.cache.count(t) for t in self.cache.order},
                 "ingest": {
-                    k: getattr(self.ingest.stats, k)
-                    for k in ("batches", "events", "blocks_stored", "blocks_removed", "orphans")
+                    **{
+                        k: getattr(self.ingest.stats, k)
+                        for k in (
+                            "batches",
+                            "events",
+                            "blocks_stored",
+                            "blocks_removed",
+                            "orphans",
+                            "block_size_mismatch",
+                        )
+                    },
+                    # engine block size -> blocks refused (the node keys another size)
+                    "mismatched_block_sizes": {
+                        str(size): n for size, n in self.ingest.stats.mismatched_block_sizes.items()
+                    },
                 },
                 "subscriber": {
                     k: getattr(self.subscriber.stats, k)

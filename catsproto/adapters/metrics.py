@@ -3,7 +3,8 @@
 A collector reads the node's own counters at scrape time (nothing is counted twice, and
 the pure core stays free of prometheus_client): blocks per tier, prefix hit ratio (when
 the instance reports hits), block events ingested, advertisements built and suppressed
-by dampening, bytes advertised, replay recoveries.
+by dampening, bytes advertised, replay recoveries, blocks refused for a block size the
+node does not key.
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ class NodeCollector(Collector):
                 "catsproto_node_event_batches", "vLLM event batches ingested", labels=["instance"]
             )
             c.add_metric([inst], s.batches)
+            yield c
+            c = CounterMetricFamily(
+                "catsproto_node_block_size_mismatch_blocks",
+                "vLLM blocks refused: their block size is not the node's (never keyed)",
+                labels=["instance"],
+            )
+            c.add_metric([inst], s.block_size_mismatch)
             yield c
         if self.subscriber_stats is not None:
             s2 = self.subscriber_stats()

@@ -13,11 +13,13 @@ then above it, and we resync (forget the rank's blocks, keep what the replay sho
 
 Single-threaded: the caller drives `VllmEventSubscriber.poll(timeout_ms)`; recovery
 blocks that call for at most ``replay_timeout_ms``. Decoding and state live in the pure
-`catsproto.node.vllm`.
+`catsproto.node.vllm`; what it notices once (a block size the node cannot key) is logged
+here as an ERROR.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -36,6 +38,8 @@ from catsproto.node.vllm import (
     VllmIngest,
     parse_batch,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "RankEndpoint",
@@ -339,6 +343,9 @@ class VllmEventSubscriber:
             self.ingest.apply_batch(batch, rank)
         except Exception as exc:  # a batch that parsed must apply; if not, do not die
             self._refused(rank, seq, f"{type(exc).__name__}: {exc}")
+        for notice in self.ingest.take_notices():  # once per distinct block size
+            logger.error("%s", notice.message)
+            self.stats.last_error = notice.message
 
     def _refused(self, rank: int, seq: int, reason: str) -> None:
         self.stats.bad_payloads += 1

@@ -26,7 +26,11 @@ struct is not array-like.
   than their tokens, so a token-only key would claim hits it cannot serve: they and
   their descendants are skipped (counted);
 * a block whose parent hash is unknown (we joined late) cannot be keyed: counted as an
-  orphan and skipped.
+  orphan and skipped;
+* a BlockStored whose ``block_size`` differs from the keyer's cannot be keyed the way
+  the selector keys prompts (other token spans, other chains): its blocks are refused,
+  never keyed, counted in ``block_size_mismatch``, and each distinct size leaves one
+  `IngestNotice` for the adapter to log (this module does not log).
 
 `parse_batch` checks every field of every event against vLLM's types before it returns,
 so a batch either parses whole or raises one `VllmEventError` and `apply_batch` never
@@ -52,6 +56,7 @@ from catsproto.wire import Tier
 __all__ = [
     "DEFAULT_MEDIA",
     "END_SEQ",
+    "BlockSizeMismatch",
     "IngestStats",
     "KeyMode",
     "SeqAction",
@@ -361,7 +366,12 @@ class IngestStats:
     unknown_media: int = 0
     unknown_removals: int = 0
     """Removals of blocks never seen stored (after a resync, or joined late)."""
-    bad_block_size: int = 0
+    block_size_mismatch: int = 0
+    """Stored blocks refused because the event's block_size is not the keyer's."""
+    mismatched_block_sizes: dict[int, int] = field(default_factory=dict)
+    """Engine block size -> blocks refused, for the first MAX_SIZES_NAMED sizes seen."""
+    short_token_ids: int = 0
+    """Stored blocks refused because the event has fewer token ids than blocks × size."""
     rank_resets: int = 0
     by_rank: dict[int, int] = field(default_factory=dict)
     """Events per DP rank, for the first MAX_RANKS_COUNTED ranks seen."""
@@ -376,6 +386,25 @@ class IngestStats:
 _SKIP = -1  # known hash whose key is deliberately unknown (LoRA/extra keys/orphan chain)
 MAX_RANKS_COUNTED = 256  # by_rank entries; vLLM runs a handful of DP ranks per instance
 MAX_MEDIA_REMEMBERED = 64  # medium strings whose tier is memoised (known media only)
+MAX_SIZES_NAMED = 16  # distinct mismatched block sizes named (and noticed) one by one
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSizeMismatch:
+    """The engine stores blocks of another size than the node keys: a configuration error
+    the operator must hear about (the adapter logs it once per distinct size)."""
+
+    rank: int
+    engine_block_size: int
+    node_block_size: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"vLLM rank {self.rank} stores blocks of {self.engine_block_size} tokens but the "
+            f"node keys blocks of {self.node_block_size} tokens: its blocks are refused, "
+            f"not advertised (run both with the same block size)"
+        )
 
 
 class VllmIngest:
@@ -404,6 +433,12 @@ class VllmIngest:
         """rank -> (medium, group, hash) -> [copies (1 unless GPU), key]."""
         self._presence: dict[tuple[Tier, int], int] = {}
         self._tier_of_medium: dict[str | None, Tier | None] = {}
+        self._notices: list[BlockSizeMismatch] = []
+
+    def take_notices(self) -> list[BlockSizeMismatch]:
+        """What happened once that an operator must hear about, since the last call."""
+        notices, self._notices = self._notices, []
+        return notices
 
     def _tier(self, medium: str | None) -> Tier | None:
         try:
@@ -443,6 +478,11 @@ class VllmIngest:
         stats = self.stats
         n = len(ev.block_hashes)
         stats.blocks_stored += n
+        bs = ev.block_size
+        if bs != self.keyer.block_size:
+            # in either key mode: a block is what the selector cuts a prompt into
+            self._mismatch(rank, bs, n)
+            return
         tier = self._tier(ev.medium)
         if tier is None:
             stats.unknown_media += n
@@ -450,9 +490,8 @@ class VllmIngest:
         known = self._known
         cache = self.cache
         tokens_mode = self.key_mode is KeyMode.TOKENS
-        bs = ev.block_size
-        if tokens_mode and (bs != self.keyer.block_size or len(ev.token_ids) < n * bs):
-            stats.bad_block_size += n
+        if tokens_mode and len(ev.token_ids) < n * bs:
+            stats.short_token_ids += n
             return
         parent = ev.parent_block_hash
         prev = 0 if parent is None else known.get(parent)
@@ -499,6 +538,16 @@ class VllmIngest:
                 cache.store(tier, key, depth)
         if len(known) > self.max_known_hashes:
             self._trim_known()
+
+    def _mismatch(self, rank: int, block_size: int, blocks: int) -> None:
+        stats = self.stats
+        stats.block_size_mismatch += blocks
+        sizes = stats.mismatched_block_sizes
+        if block_size in sizes:
+            sizes[block_size] += blocks
+        elif len(sizes) < MAX_SIZES_NAMED:  # sizes come from the wire: name a few
+            sizes[block_size] = blocks
+            self._notices.append(BlockSizeMismatch(rank, block_size, self.keyer.block_size))
 
     def _trim_known(self) -> None:
         excess = len(self._known) - self.max_known_hashes
