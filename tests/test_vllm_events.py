@@ -24,6 +24,7 @@ from catsproto.adapters.vllm_events import (
     engine_binds,
     offset_endpoint_port,
     removed_event,
+    replay_reply,
     stored_event,
     subscriber_endpoints,
 )
@@ -225,9 +226,17 @@ def test_ingest_engine_id_mode_keys_mooncake_ids() -> None:
 
 class RawEngine:
     """A vLLM-like engine written against raw pyzmq: XPUB (so the test can wait for the
-    subscription; frames are those of a PUB) and a ROUTER replay served by a thread."""
+    subscription; frames are those of a PUB) and a ROUTER replay served by a thread.
 
-    def __init__(self, ctx: zmq.Context, buffer_steps: int = 10_000) -> None:
+    Replay replies are vLLM >= 0.26's ``[b"", topic, seq, payload]`` (``legacy_replay``:
+    <= 0.25's ``[b"", seq, payload]``); `answer` may rewrite the replies (end marker
+    included) of each request, to lose, break or withhold them."""
+
+    def __init__(
+        self, ctx: zmq.Context, buffer_steps: int = 10_000, *, legacy_replay: bool = False
+    ) -> None:
+        self.legacy_replay = legacy_replay
+        self.answer: Callable[[list[list[bytes]]], list[list[bytes]]] = lambda replies: replies
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind("tcp://127.0.0.1:*")
@@ -275,9 +284,14 @@ class RawEngine:
             client, _, start = frames
             with self.lock:
                 items = [(s, p) for s, p in self.buffer if s >= int.from_bytes(start, "big")]
-            for s, p in items:
-                self.router.send_multipart([client, b"", s.to_bytes(8, "big"), p])
-            self.router.send_multipart([client, b"", END, b""])
+            if self.legacy_replay:
+                replies = [[b"", s.to_bytes(8, "big"), p] for s, p in items]
+                replies.append([b"", END, b""])
+            else:
+                replies = [[b"", b"", s.to_bytes(8, "big"), p] for s, p in items]
+                replies.append([b"", b"", END, b""])
+            for reply in self.answer(replies):
+                self.router.send_multipart([client, *reply])
 
     def close(self) -> None:
         self.running = False
@@ -575,3 +589,247 @@ def step_until(node: NodeAgent, done: Callable[[], bool]) -> None:
     while not done():
         assert time.monotonic() < deadline, node.state()
         node.step(50)
+
+
+# ---- replay formats: vLLM <= 0.25 and >= 0.26 ---------------------------------------------
+
+
+def test_replay_reply_reads_both_vllm_formats_and_refuses_other_shapes() -> None:
+    seq = (5).to_bytes(8, "big")
+    assert replay_reply([b"", b"kv", seq, b"payload"]) == (seq, b"payload")  # >= 0.26
+    assert replay_reply([b"", seq, b"payload"]) == (seq, b"payload")  # <= 0.25
+    assert replay_reply([b"", b"", END, b""]) == (END, b"")  # end marker, >= 0.26
+    assert replay_reply([b"", END, b""]) == (END, b"")  # end marker, <= 0.25
+    for frames, reason in (
+        ([b"", seq], "not 2"),
+        ([b"", b"kv", seq, b"p", b"extra"], "not 5"),
+        ([b"x", seq, b"p"], "empty frame"),
+        ([b"", b"kv", seq[:7], b"p"], "8 bytes, not 7"),
+        ([b"", seq + b"\x00", b"p"], "8 bytes, not 9"),
+    ):
+        with pytest.raises(VllmEventError, match=reason):
+            replay_reply(frames)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["vllm>=0.26", "vllm<=0.25"])
+def test_our_publisher_replays_what_vllm_sends(ctx: zmq.Context, legacy: bool) -> None:
+    """Byte for byte: the topic frame (and the empty-topic end marker) unless legacy."""
+    with VllmEventPublisher(
+        "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv", context=ctx, legacy_replay=legacy
+    ) as pub:
+        payloads = [encode_payload(float(i), [removed_event([i])], 0) for i in range(3)]
+        for i in range(3):
+            assert pub.publish(float(i), [removed_event([i])]) == i
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(pub.replay_endpoint)
+        try:
+            dealer.send_multipart([b"", (1).to_bytes(8, "big")])
+            got = []
+            while dealer.poll(2_000, zmq.POLLIN):
+                got.append(dealer.recv_multipart())
+                if END in got[-1]:
+                    break
+        finally:
+            dealer.close(linger=0)
+    seqs = [(i).to_bytes(8, "big") for i in range(3)]
+    if legacy:
+        assert got == [[b"", seqs[1], payloads[1]], [b"", seqs[2], payloads[2]], [b"", END, b""]]
+    else:
+        assert got == [
+            [b"", b"kv", seqs[1], payloads[1]],
+            [b"", b"kv", seqs[2], payloads[2]],
+            [b"", b"", END, b""],
+        ]
+
+
+def prompt_batches(prompts: int, blocks: int) -> tuple[list[list[object]], set[int]]:
+    """Batches storing `prompts` prompts of `blocks` blocks, one block a batch chained to the
+    previous one; and the keys of every block."""
+    batches, keys = [], set()
+    for p in range(prompts):
+        tokens = [p * 1000 + t for t in range(blocks * BS)]
+        keys |= set(KEYER.block_keys(tokens))
+        for b in range(blocks):
+            h = p * 100 + b + 1
+            parent = h - 1 if b else None
+            batches.append([stored_event([h], parent, tokens[b * BS : (b + 1) * BS], BS)])
+    return batches, keys
+
+
+def wait_first_batch(sub: VllmEventSubscriber, pub: VllmEventPublisher) -> int:
+    """Publish empty batches until the subscriber has taken one in (a PUB drops what it
+    sends before the subscription reaches it); returns how many were published."""
+    deadline = time.monotonic() + 5
+    sent = 0
+    while sub.ingest.stats.batches == 0:
+        assert time.monotonic() < deadline, sub.stats
+        pub.publish(1.0, [])
+        sent += 1
+        sub.poll(50)
+    return sent
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["vllm>=0.26", "vllm<=0.25"])
+def test_a_node_started_late_gets_every_block_by_replay(ctx: zmq.Context, legacy: bool) -> None:
+    """The node starts after the engine stored 31 of 62 blocks; the join replay brings them.
+    (Before, a topic-framed replay was skipped whole: 31 of 62 advertised, silently.)"""
+    batches, keys = prompt_batches(2, 31)
+    cache = new_cache()
+    with VllmEventPublisher(
+        "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", context=ctx, legacy_replay=legacy
+    ) as pub:
+        for events in batches[:31]:
+            pub.publish(0.0, events)
+        assert pub.replay_endpoint is not None
+        ep = RankEndpoint(0, pub.endpoint, pub.replay_endpoint)
+        with VllmEventSubscriber(
+            VllmIngest(cache, KEYER), [ep], context=ctx, replay_timeout_ms=500
+        ) as sub:
+            probes = wait_first_batch(sub, pub)
+            for events in batches[31:]:
+                pub.publish(2.0, events)
+            drain(sub, len(batches) + probes)
+            assert sub.stats.recoveries[0][1:] == (0, 0)
+            assert sub.stats.failed_recoveries == 0 and sub.stats.bad_replay_frames == 0
+            assert sub.ingest.stats.orphans == 0
+    assert snapshot(cache)[Tier.HBM] == keys and len(keys) == 62
+
+
+# ---- failed recoveries: warned, counted, resynced -----------------------------------------
+
+
+def _withhold(replies: list[list[bytes]]) -> list[list[bytes]]:
+    return []
+
+
+def _end_early(replies: list[list[bytes]]) -> list[list[bytes]]:
+    return [*replies[:1], replies[-1]]  # the first missing batch, then the end marker
+
+
+def _break_one(replies: list[list[bytes]]) -> list[list[bytes]]:
+    broken = [b"", b"", b"\x00" * 7, b"?"]  # a 7-byte sequence frame
+    return [replies[0], broken, *replies[2:]]
+
+
+def _begin_late(replies: list[list[bytes]]) -> list[list[bytes]]:
+    return replies[1:]  # the buffer no longer holds the first missing batch
+
+
+@pytest.mark.parametrize(
+    ("answer", "replay", "reason", "applied", "held"),
+    [
+        (_withhold, True, "timeout", [0, 4], {3}),
+        (None, False, "no-replay-endpoint", [0, 4], {3}),
+        (_end_early, True, "incomplete", [0, 4], {3}),
+        (_break_one, True, "incomplete", [0, 3, 4], {2, 3}),
+        (_begin_late, True, "incomplete", [0, 2, 3, 4], {2, 3}),
+    ],
+    ids=["timeout", "no-replay-socket", "ends-early", "malformed-reply", "begins-late"],
+)
+def test_a_failed_recovery_warns_counts_and_never_overclaims(
+    ctx: zmq.Context,
+    engine: RawEngine,
+    caplog: pytest.LogCaptureFixture,
+    answer: Callable[[list[list[bytes]]], list[list[bytes]]] | None,
+    replay: bool,
+    reason: str,
+    applied: list[int],
+    held: set[int],
+) -> None:
+    """Batches 1-3 are lost and batch 2 removed block 0. Whatever the replay lacks, the
+    rank is resynced, so block 0 is never advertised again; replayed batches are applied
+    only after the last one missing, and only when they reach the gap's end."""
+    if answer is not None:
+        engine.answer = answer
+    toks = [[b * 10 + t for t in range(BS)] for b in range(4)]
+    keys = [KEYER.block_keys(t)[0] for t in toks]
+    payloads = [
+        encode_payload(0.0, [stored_event([10], None, toks[0], BS)], 0),  # block 0
+        encode_payload(1.0, [stored_event([11], None, toks[1], BS)], 0),  # lost
+        encode_payload(2.0, [removed_event([10])], 0),  # lost: block 0 is gone
+        encode_payload(3.0, [stored_event([12], None, toks[2], BS)], 0),  # lost
+        encode_payload(4.0, [stored_event([13], None, toks[3], BS)], 0),  # shows the gap
+    ]
+    cache = new_cache()
+    ep = RankEndpoint(0, engine.pub_endpoint, engine.replay_endpoint if replay else None)
+    caplog.set_level(logging.WARNING, logger="catsproto.adapters.vllm_events")
+    with VllmEventSubscriber(
+        VllmIngest(cache, KEYER), [ep], context=ctx, replay_timeout_ms=300
+    ) as sub:
+        engine.wait_subscriber()
+        for i, p in enumerate(payloads):
+            engine.publish(p, lose=i in (1, 2, 3))
+        drain(sub, len(applied))
+        assert sub.stats.gaps == 1 and sub.stats.failed_recoveries == 1
+        assert sub.stats.failed_by_reason[reason] == 1 and sub.stats.resyncs == 1
+        assert sum(sub.stats.failed_by_reason.values()) == 1
+        assert sub.stats.bad_replay_frames == int(answer is _break_one)
+        assert "its blocks are forgotten" in sub.stats.last_error
+        assert sub.ingest.stats.batches == len(applied)
+    assert snapshot(cache)[Tier.HBM] == {keys[i] for i in held}
+    # what the node holds is what the batches applied after the resync hold
+    assert snapshot(cache) == reference_state([payloads[i] for i in applied[1:]])
+    warnings = [r for r in caplog.records if r.name == "catsproto.adapters.vllm_events"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert "rank 0:" in warnings[0].getMessage()
+
+
+def test_a_timed_out_replay_does_not_answer_the_next_request(
+    ctx: zmq.Context, engine: RawEngine
+) -> None:
+    """Replies that arrive after the timeout must not be taken for the next request's."""
+    slow: list[list[list[bytes]]] = []
+
+    def late(replies: list[list[bytes]]) -> list[list[bytes]]:
+        if not slow:
+            slow.append(replies)
+            time.sleep(0.4)  # past the subscriber's 200 ms
+        return replies
+
+    engine.answer = late
+    cache = new_cache()
+    ep = RankEndpoint(0, engine.pub_endpoint, engine.replay_endpoint)
+    with VllmEventSubscriber(
+        VllmIngest(cache, KEYER), [ep], context=ctx, replay_timeout_ms=200
+    ) as sub:
+        engine.wait_subscriber()
+        engine.publish(encode_payload(0.0, [], 0))
+        engine.publish(encode_payload(1.0, [], 0), lose=True)
+        engine.publish(encode_payload(2.0, [], 0))
+        drain(sub, 2)
+        assert sub.stats.failed_by_reason["timeout"] == 1
+        time.sleep(0.5)  # the late answer to the first request has arrived by now
+        toks = list(range(40, 40 + BS))
+        engine.publish(encode_payload(3.0, [], 0), lose=True)
+        engine.publish(encode_payload(4.0, [stored_event([9], None, toks, BS)], 0))
+        drain(sub, 4)
+        assert sub.stats.failed_recoveries == 1 and sub.stats.recoveries[-1] == (0, 3, 3)
+    assert snapshot(cache)[Tier.HBM] == set(KEYER.block_keys(toks))
+
+
+def test_a_failed_recovery_shows_in_the_node_state_and_metrics(ctx: zmq.Context) -> None:
+    with VllmEventPublisher("tcp://127.0.0.1:*", None, context=ctx) as pub:
+        for _ in range(3):  # sent before the node exists: a gap it cannot replay
+            pub.publish(0.0, [])
+        node = node_agent(RankEndpoint(0, pub.endpoint, None), ctx)
+        try:
+            deadline = time.monotonic() + 5
+            while node.subscriber.stats.frames == 0:
+                assert time.monotonic() < deadline
+                pub.publish(0.0, [])
+                node.step(50)
+            state = node.state()["subscriber"]
+            assert state["failed_recoveries"] == 1 and state["resyncs"] == 1
+            assert state["failed_by_reason"] == {
+                "no-replay-endpoint": 1,
+                "timeout": 0,
+                "incomplete": 0,
+            }
+            assert "no replay endpoint" in state["last_error"]
+            scraped = node.metrics().decode().splitlines()
+            line = 'catsproto_node_failed_recoveries_total{instance="10.0.0.5",reason="%s"} %s'
+            assert line % ("no-replay-endpoint", "1.0") in scraped
+            assert line % ("timeout", "0.0") in scraped
+        finally:
+            node.close()

