@@ -1,13 +1,18 @@
-"""vLLM KV events: byte-exact payloads, both event forms, copy counting, real ZMQ sockets,
-gap recovery through the replay socket, resync and engine restarts."""
+"""vLLM KV events: byte-exact payloads, both event forms, copy counting (GPU) and sets
+(offload media), block sizes the node does not key, real ZMQ sockets, gap recovery through
+both replay formats, failed recoveries (warned, counted, resynced), engine restarts, and
+vLLM's own publisher in its own process (the engine python of `tests.engine_helpers`)."""
 
 from __future__ import annotations
 
 import logging
+import queue
+import subprocess
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -45,6 +50,8 @@ from catsproto.node import (
     parse_batch,
 )
 from catsproto.wire import Tier
+from tests import vllm_publisher_script
+from tests.engine_helpers import require_engine_python
 
 BS = 4
 KEYER = BlockKeyer(b"s" * 32, "test/model", BS)
@@ -833,3 +840,160 @@ def test_a_failed_recovery_shows_in_the_node_state_and_metrics(ctx: zmq.Context)
             assert line % ("timeout", "0.0") in scraped
         finally:
             node.close()
+
+
+# ---- vLLM's own publisher ------------------------------------------------------------------
+
+PUBLISHER_SCRIPT = Path(__file__).with_name("vllm_publisher_script.py")
+ENGINE_BS = 32  # what vLLM on CPU runs with (a multiple of 32)
+ENGINE_KEYER = BlockKeyer(b"s" * 32, "test/model", ENGINE_BS)
+
+
+class LossyLink:
+    """The network between vLLM's PUB and the node's SUB: a forwarder that loses the batches
+    `lose(seq)` names. vLLM connects its PUB to a non-wildcard endpoint; the link binds it.
+    Batches are forwarded only once the node's subscription has reached the link."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.lose: Callable[[int], bool] = lambda seq: False
+        self.lost: list[int] = []
+        self.subscribed = threading.Event()
+        self.inbound = ctx.socket(zmq.SUB)
+        self.inbound.setsockopt(zmq.LINGER, 0)
+        self.inbound.setsockopt(zmq.SUBSCRIBE, b"")
+        self.inbound.bind("tcp://127.0.0.1:*")
+        self.outbound = ctx.socket(zmq.XPUB)
+        self.outbound.setsockopt(zmq.LINGER, 0)
+        self.outbound.bind("tcp://127.0.0.1:*")
+        self.engine_endpoint = self.inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.node_endpoint = self.outbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._running = True
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbound, zmq.POLLIN)
+        poller.register(self.outbound, zmq.POLLIN)
+        while self._running:
+            ready = dict(poller.poll(20))
+            if self.outbound in ready and self.outbound.recv()[:1] == b"\x01":
+                self.subscribed.set()
+            if self.inbound in ready:
+                frames = self.inbound.recv_multipart()
+                seq = int.from_bytes(frames[1], "big")
+                if not self.subscribed.is_set() or self.lose(seq):
+                    self.lost.append(seq)
+                else:
+                    self.outbound.send_multipart(frames)
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join(timeout=2)
+        self.inbound.close(linger=0)
+        self.outbound.close(linger=0)
+
+
+class PublisherProcess:
+    """tests/vllm_publisher_script.py under the engine python, one command a line."""
+
+    def __init__(self, python: Path, endpoint: str, replay: str, log: Path) -> None:
+        self._log = log.open("w")
+        args = ["--endpoint", endpoint, "--replay-endpoint", replay, "--topic", "kv"]
+        self.proc = subprocess.Popen(
+            [str(python), str(PUBLISHER_SCRIPT), *args, "--block-size", str(ENGINE_BS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.log = log
+        self.published = 0
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.expect("ready", 180)  # importing vllm takes seconds
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.strip())
+
+    def expect(self, want: str, timeout: float = 20) -> None:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            line = f"nothing in {timeout} s"
+        assert line == want, f"vLLM publisher said {line!r}: {self.log.read_text()[-3000:]}"
+
+    def publish(self, n: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"publish {n}\n")
+        self.proc.stdin.flush()
+        self.published += n
+        self.expect(f"published {self.published}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def expected_keys(batches: int) -> set[int]:
+    keys: set[int] = set()
+    for seq in range(batches):
+        tokens = vllm_publisher_script.prompt_tokens(seq // 2, ENGINE_BS)
+        keys |= set(ENGINE_KEYER.block_keys(tokens)[: 3 if seq % 2 else 2])
+    return keys
+
+
+def test_vllms_own_publisher_late_join_and_a_lost_stretch(ctx: zmq.Context, tmp_path: Path) -> None:
+    """vLLM's ZmqEventPublisher (made from a KVEventsConfig, as the engine makes it) in its
+    own process: the node joins after 20 batches and later loses three on the way; both
+    gaps are filled by vLLM's replay (topic-framed since 0.26) and every block stored is
+    in the node's cache, none more."""
+    python = require_engine_python()
+    link = LossyLink(ctx)
+    replay = f"tcp://127.0.0.1:{free_base_port(1)}"
+    engine = PublisherProcess(python, link.engine_endpoint, replay, tmp_path / "vllm.log")
+    cache = TieredCache([TierSpec(Tier.HBM, 10_000, 5, 1)])
+    try:
+        engine.publish(20)  # the node is not running yet
+        link.lose = lambda seq: seq < 20  # (the link may still carry some: not to the node)
+        ep = RankEndpoint(0, link.node_endpoint, replay)
+        with VllmEventSubscriber(
+            VllmIngest(cache, ENGINE_KEYER), [ep], context=ctx, replay_timeout_ms=5_000
+        ) as sub:
+            deadline = time.monotonic() + 10
+            while not link.subscribed.is_set():
+                assert time.monotonic() < deadline, "the node's subscription never arrived"
+                sub.poll(20)
+            while sub.ingest.stats.batches == 0:  # vLLM's PUB may still be connecting
+                assert time.monotonic() < deadline, (link.lost, engine.log.read_text()[-2000:])
+                engine.publish(1)
+                sub.poll(200)
+            first = sub.stats.recoveries[0]
+            assert first == (0, 0, 0), sub.stats  # the join: replay from 0
+            joined = engine.published - 1  # the batch that showed the join gap
+            lost = {joined + 2, joined + 3, joined + 4}
+            link.lose = lambda seq: seq < 20 or seq in lost
+            engine.publish(10)
+            deadline = time.monotonic() + 10
+            while sub.ingest.stats.batches < engine.published:
+                assert time.monotonic() < deadline, sub.stats
+                sub.poll(50)
+            assert lost <= set(link.lost)
+            assert sub.stats.gaps == 2 and sub.stats.recoveries[1][1] == joined + 2
+            assert sub.stats.failed_recoveries == sub.stats.resyncs == 0
+            assert sub.stats.bad_replay_frames == sub.stats.bad_payloads == 0
+            assert sub.ingest.stats.orphans == 0 and sub.ingest.stats.block_size_mismatch == 0
+    finally:
+        engine.close()
+        link.close()
+    assert engine.proc.returncode == 0, engine.log.read_text()[-3000:]
+    assert set(cache.lru_keys(Tier.HBM)) == expected_keys(engine.published)
