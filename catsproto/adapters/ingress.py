@@ -83,12 +83,11 @@ from catsproto.adapters.steering import (
     LISTEN_BACKLOG,
     Forwarder,
     SteeringConfig,
-    SteeringError,
     SteeringService,
 )
 from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.tokenizer import PromptError, PromptTokenizer
-from catsproto.selector import NoInstanceError, SelectorConfig
+from catsproto.selector import NoInstanceError, Request, SelectorConfig
 from catsproto.selector.groundtruth import Claim, GroundTruthError, GroundTruthLedger, PendingMiss
 
 __all__ = ["IngressServer", "IngressService", "ModelSpec", "ServedModel"]
@@ -345,12 +344,20 @@ class IngressService:
         model = prepared.model
         service = model.service
         started = time.perf_counter()
-        try:
-            request = service.request(
-                {"cs_id": model.spec.cs_id, "prompt_token_ids": prepared.token_ids}
+        ids = prepared.token_ids  # checked by the tokenizer: no second pass over them
+        config = service.config
+        if len(ids) // config.block_size > service.block_limit:
+            raise IngressError(
+                400,
+                f"the prompt's {len(ids)} tokens are {len(ids) // config.block_size} blocks, "
+                f"over the limit of {service.block_limit}",
+                code="prompt_too_long",
             )
-        except SteeringError as exc:
-            raise IngressError(400, str(exc), code="prompt_too_long") from None
+        # keyed exactly as the engines' C-SMAs key what their engine stores
+        keys = np.array(service.keyer.block_keys(ids), dtype=np.uint64)
+        request = Request(
+            model.spec.cs_id, keys, len(ids), config.ingress, key_space=config.key_space
+        )
         with service._lock:
             now_ms = int(self.clock() * 1000)
             service.feed.refresh(now_ms)

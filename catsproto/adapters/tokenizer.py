@@ -197,6 +197,7 @@ class PromptTokenizer:
             content_format(self._env, self.chat_template) if self.chat_template else "string"
         )
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self._fast = hasattr(self.tokenizer, "encode_batch_fast")  # tokenizers >= 0.21
 
     def _template(self, config: dict[str, Any]) -> str | None:
         """The default chat template: chat_template.jinja (transformers 5 saves it
@@ -218,7 +219,7 @@ class PromptTokenizer:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True).ids
+            return self._encode(prompt, True)
         if isinstance(prompt, list):
             if prompt and all(isinstance(p, str | list) for p in prompt):
                 raise PromptError(
@@ -300,8 +301,13 @@ class PromptTokenizer:
 
     def chat_ids(self, messages: Any, **options: Any) -> list[int]:
         """A chat as token ids: rendered (`render_chat`), encoded without special tokens."""
-        text = self.render_chat(messages, **options)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._encode(self.render_chat(messages, **options), False)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        """Token ids of `text` (the fast path without offsets where tokenizers has it)."""
+        if self._fast:
+            return self.tokenizer.encode_batch_fast([text], add_special_tokens=special)[0].ids
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
 
     def conversation(self, messages: Any) -> list[dict[str, Any]]:
         """The messages as the template sees them (vLLM's `parse_chat_messages`, text)."""
