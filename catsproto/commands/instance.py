@@ -4,8 +4,11 @@
         the modelled engine (HTTP + vLLM KV events on ZMQ) and, unless --no-node, the
         node that ingests those events and builds advertisements
     catsproto instance node --secret HEX --cs-id 1 --address 10.0.0.5 \\
-        --endpoint tcp://*:5557 --replay-endpoint tcp://*:5558 --engine-host 10.0.0.9
-        only the node, fed by a real vLLM (its --kv-events-config endpoints)
+        --engine-url http://127.0.0.1:8000 --endpoint tcp://*:5557 \\
+        --replay-endpoint tcp://*:5567 --engine-host 127.0.0.1
+        only the node, next to a real vLLM: its KV events (the endpoints of its
+        --kv-events-config), its /metrics (block size, KV blocks, load), and an HTTP
+        face of its own
 
 Advertisements (unsigned) go to --adverts-out as JSON lines: prefix, epoch, sequence,
 reason and the attribute value in hex.
@@ -18,6 +21,8 @@ import json
 import math
 import sys
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +41,18 @@ from catsproto.node import (
 from catsproto.wire import Tier
 
 DEFAULT_TIERS = ["hbm:2048:5:1600000", "dram:16384:30:400000"]
+DEFAULT_BLOCK_SIZE = 16  # without an engine to ask (instance serve; node without --engine-url)
+VLLM_EVENTS_ENDPOINT = "tcp://*:5557"  # vLLM's KVEventsConfig.endpoint default
+NODE_PORT = 8101  # instance serve's HTTP API is 8100
+
+VLLM_SIDE_EXAMPLE = """\
+    vllm serve MODEL --port 8000 --enable-prefix-caching --block-size 32 \\
+        --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+            "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5567", "topic": "kv"}'
+    catsproto instance node --secret HEX --model-id MODEL --address 10.0.0.5 \\
+        --engine-url http://127.0.0.1:8000 --endpoint 'tcp://*:5557' \\
+        --replay-endpoint 'tcp://*:5567' --engine-host 127.0.0.1 \\
+        --api-token-file node.token --adverts-out adverts.jsonl"""
 
 
 def parse_tier(text: str) -> TierSpec:
@@ -240,14 +257,83 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_node(args: argparse.Namespace) -> int:
-    from catsproto.adapters.instance import NodeAgent
-    from catsproto.adapters.vllm_events import subscriber_endpoints
+def _engine_url(text: str) -> str:
+    """``http(s)://HOST:PORT`` of the engine's OpenAI server (the node reads /metrics)."""
+    from urllib.parse import urlsplit
 
-    tiers = _tiers(args)
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise UsageError(f"--engine-url {text}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--engine-url {text}: expected http://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise UsageError(
+            f"--engine-url {text}: give the engine's base URL, http://HOST:PORT "
+            "(the node reads HOST:PORT/metrics)"
+        )
+    return text.rstrip("/")
+
+
+def _engine_tiers(args: argparse.Namespace, num_gpu_blocks: int, where: str) -> list[TierSpec]:
+    """The node's tiers next to a real engine: HBM holds the engine's own KV blocks
+    (vLLM's num_gpu_blocks); a --tier hbm must say the same, other --tier entries (an
+    offloading connector's tiers) are kept as given. Without --tier: HBM alone."""
+    default_hbm = parse_tier(DEFAULT_TIERS[0])
+    given = _tiers(args) if args.tier else []
+    hbm = next((t for t in given if t.tier is Tier.HBM), None)
+    if hbm is not None and hbm.capacity_blocks != num_gpu_blocks:
+        raise UsageError(
+            f"--tier hbm capacity {hbm.capacity_blocks} blocks differs from the engine's "
+            f"{num_gpu_blocks} (num_gpu_blocks at {where}): write "
+            f"--tier hbm:{num_gpu_blocks}:{hbm.fetch_latency_us}:{hbm.fetch_bandwidth_mbps} "
+            "or leave --tier hbm out"
+        )
+    top = TierSpec(
+        Tier.HBM,
+        num_gpu_blocks,
+        (hbm or default_hbm).fetch_latency_us,
+        (hbm or default_hbm).fetch_bandwidth_mbps,
+    )
+    return [top, *(t for t in given if t.tier is not Tier.HBM)]
+
+
+def _positive(name: str, value: float, *, zero: bool = False) -> float:
+    if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
+        raise UsageError(f"{name} {value} is not a {'' if zero else 'positive '}number")
+    return value
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from catsproto.adapters.http import token_option
+    from catsproto.adapters.instance import NodeAgent
+    from catsproto.adapters.node_http import NodeServer
+    from catsproto.adapters.vllm_events import subscriber_endpoints
+    from catsproto.adapters.vllm_metrics import (
+        EngineMetricsError,
+        EngineScraper,
+        metrics_url,
+        wait_for_engine,
+    )
+
     if args.dp_ranks < 1:
         raise UsageError(f"--dp-ranks {args.dp_ranks} is not >= 1")
-    config = _builder_config(args, tiers)
+    port = _port(args.port)
+    try:
+        token = token_option(args.api_token_file, "--api-token-file")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    engine_url = _engine_url(args.engine_url) if args.engine_url else None
+    _positive("--engine-wait", args.engine_wait, zero=True)
+    _positive("--scrape-interval", args.scrape_interval)
+    given_block_size = args.block_size
+    if given_block_size is not None and given_block_size < 1:
+        raise UsageError(f"--block-size {given_block_size} is not >= 1")
+    # every option that needs no engine is checked before the node waits for one
+    args.block_size = given_block_size or DEFAULT_BLOCK_SIZE
+    config = _builder_config(args, _tiers(args))
+    secret = _secret(args)
     try:
         endpoints = subscriber_endpoints(
             args.endpoint, args.replay_endpoint, range(args.dp_ranks), args.engine_host
@@ -255,28 +341,100 @@ def cmd_node(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     on_routes, sink = _writer(args.adverts_out)
-    stop = _stop_on_signal()
+    server = node = scraper = None
     try:
-        node = NodeAgent(
-            config,
-            tiers,
-            BlockKeyer(_secret(args), args.model_id, args.block_size),
-            endpoints,
-            lambda: ComputeState(prefill_rate_tps=args.prefill_rate),
-            on_routes=on_routes,
-        ).start()
-    except Exception as exc:
-        raise UsageError(f"cannot start the node: {exc}") from None
-    try:
+        try:
+            server = NodeServer(
+                args.host, port, api_token=token, waiting_for=f"its engine at {engine_url}"
+            ).start()
+        except OSError as exc:
+            raise UsageError(
+                f"--host {args.host} --port {port}: cannot listen: {exc.strerror or exc}"
+            ) from None
+        stop = _stop_on_signal()
+        if engine_url is None:
+            tiers = _tiers(args)
+            compute_state: Callable[[], ComputeState] = partial(
+                ComputeState, prefill_rate_tps=args.prefill_rate
+            )
+            hits = None
+        else:
+            try:
+                first = wait_for_engine(
+                    engine_url, args.engine_wait, should_stop=lambda: stop.requested
+                )
+            except EngineMetricsError as exc:
+                raise UsageError(str(exc)) from None
+            if first is None:  # stopped while waiting
+                return 0
+            where = metrics_url(engine_url)
+            if given_block_size is not None and given_block_size != first.block_size:
+                raise UsageError(
+                    f"--block-size {given_block_size} differs from the engine's block size "
+                    f"{first.block_size} (vllm:cache_config_info at {where}): the node would "
+                    "key no block the engine publishes; leave --block-size out (the node "
+                    "takes the engine's) or start vLLM with the same --block-size"
+                )
+            args.block_size = first.block_size
+            tiers = _engine_tiers(args, first.num_gpu_blocks, where)
+            config = _builder_config(args, tiers)
+            scraper = EngineScraper(
+                engine_url, first, args.prefill_rate, interval_s=args.scrape_interval
+            )
+            compute_state, hits = scraper.compute_state, scraper.hits
+        try:
+            node = NodeAgent(
+                config,
+                tiers,
+                BlockKeyer(secret, args.model_id, args.block_size),
+                endpoints,
+                compute_state,
+                on_routes=on_routes,
+                hits=hits,
+            ).start()
+        except Exception as exc:
+            raise UsageError(f"cannot start the node: {exc}") from None
+        if scraper is not None:
+            scraper.start()
+        server.attach(node, scraper)
+        print(
+            json.dumps(
+                {
+                    "listening": server.url,
+                    "kv_events": [e.pub for e in endpoints],
+                    "replay": [e.replay for e in endpoints],
+                    "node_binds": endpoints[0].bind,
+                    "engine": engine_url,
+                    "block_size": args.block_size,
+                    "capacity_blocks": {t.tier.name.lower(): t.capacity_blocks for t in tiers},
+                    "prefill_rate_tps": compute_state().prefill_rate_tps,
+                    "prefill_rate": scraper.rate.source if scraper is not None else "configured",
+                }
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         stop.wait()
     finally:
-        node.close()
+        if server is not None:
+            server.close()
+        if scraper is not None:
+            scraper.close()
+        if node is not None:
+            node.close()
         if sink is not None:
             sink.close()
     return 0
 
 
-def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
+def _common(
+    p: argparse.ArgumentParser,
+    *,
+    secret_required: bool,
+    block_size_default: int | None = DEFAULT_BLOCK_SIZE,
+    block_size_help: str = "tokens per block",
+    tier_help: str = "",
+) -> None:
     g = p.add_argument_group("advertisement")
     g.add_argument(
         "--secret",
@@ -350,7 +508,7 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
     )
     g.add_argument("--adverts-out", help="append advertisements as JSON lines (- for stdout)")
     g = p.add_argument_group("model")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    g.add_argument("--block-size", type=int, default=block_size_default, help=block_size_help)
     g.add_argument("--layers", type=int, default=32, help="layers (sizes a block's KV bytes)")
     g.add_argument(
         "--kv-heads", type=int, default=8, help="KV heads per layer (sizes a block's KV bytes)"
@@ -369,13 +527,14 @@ def _common(p: argparse.ArgumentParser, *, secret_required: bool) -> None:
         type=float,
         default=8000.0,
         help="prefill rate in tokens per second: the modelled engine's speed (serve) and "
-        "what the node advertises",
+        "what the node advertises (node --engine-url: until it has measured the engine's "
+        "own rate from its /metrics)",
     )
     g.add_argument(
         "--tier",
         action="append",
         help="name:blocks:latency_us:bandwidth_mbps, repeatable "
-        f"(default {' '.join(DEFAULT_TIERS)})",
+        f"(default {' '.join(DEFAULT_TIERS)}{tier_help})",
     )
 
 
@@ -431,13 +590,58 @@ def register(subparsers: Any) -> None:
 
     n = sub.add_parser(
         "node",
-        help="the node alone, fed by a real vLLM's KV events",
-        description="Run the node (C-SMA) alone, subscribed to a real vLLM's KV events (the "
-        "endpoints of its --kv-events-config, one pair per data-parallel rank); it builds "
-        "advertisements (unsigned; written to --adverts-out) until SIGINT or SIGTERM.",
+        help="the node alone, next to a real vLLM (its KV events and /metrics)",
+        description="Run the node (C-SMA) next to a real vLLM engine: it subscribes to "
+        "the engine's KV events (the endpoints of its --kv-events-config, one pair per "
+        "data-parallel rank), reads the engine's block size, KV blocks and load from its "
+        "/metrics (--engine-url), builds advertisements (unsigned; written to "
+        "--adverts-out) and serves GET /health, /state, /advertisements and /metrics on "
+        "--host and --port. When it runs it prints one JSON line on stderr (what it "
+        "listens to and serves); it runs until SIGINT or SIGTERM.\n\n"
+        "Both sides must name the same endpoints: --endpoint and --replay-endpoint here "
+        "are vLLM's endpoint and replay_endpoint. vLLM binds them when they hold * (or "
+        "are ipc://), and --engine-host tells the node where to connect. vLLM adds the "
+        "data-parallel rank to the port of both, so keep them at least --dp-ranks apart "
+        "(5557 and 5567 serve up to ten ranks). Set a replay endpoint on both sides: "
+        "without it a lost event batch costs the node all it knew of that rank.\n\n"
+        "With --engine-url the node waits (--engine-wait) for the engine's /metrics, takes "
+        "its block size (a --block-size that differs is refused) and its KV blocks as the "
+        "HBM tier's capacity, and scrapes it every --scrape-interval for the queue, KV "
+        "usage and the measured prefill rate it advertises. Without it the node advertises "
+        "the configured --tier capacities and --prefill-rate, and --block-size (default "
+        f"{DEFAULT_BLOCK_SIZE}) must be the engine's.\n\n"
+        "A vLLM and its node, on one host:\n\n" + VLLM_SIDE_EXAMPLE,
     )
-    n.add_argument("--endpoint", required=True, help="vLLM's kv-events endpoint")
-    n.add_argument("--replay-endpoint", help="vLLM's replay endpoint")
+    n.add_argument(
+        "--engine-url",
+        metavar="http://HOST:PORT",
+        help="the engine's OpenAI server: the node reads HOST:PORT/metrics at start (block "
+        "size, KV blocks) and then every --scrape-interval (queue, KV usage, prefill rate)",
+    )
+    n.add_argument(
+        "--engine-wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait at start for the engine's /metrics (a vLLM takes a minute "
+        "or more to start) before giving up",
+    )
+    n.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        help="seconds between two scrapes of the engine's /metrics",
+    )
+    n.add_argument(
+        "--endpoint",
+        default=VLLM_EVENTS_ENDPOINT,
+        help="vLLM's kv-events endpoint: its --kv-events-config endpoint (default "
+        f"{VLLM_EVENTS_ENDPOINT}, as vLLM's)",
+    )
+    n.add_argument(
+        "--replay-endpoint",
+        help="vLLM's replay endpoint (its --kv-events-config replay_endpoint; vLLM has "
+        "none by default): set it on both sides, e.g. tcp://*:5567",
+    )
     n.add_argument("--engine-host", default="127.0.0.1", help="replaces * in the endpoints")
     n.add_argument(
         "--dp-ranks",
@@ -446,7 +650,23 @@ def register(subparsers: Any) -> None:
         help="vLLM data-parallel ranks to subscribe to; rank r's endpoints are the given "
         "ports plus r",
     )
-    _common(n, secret_required=True)
+    n.add_argument("--host", default="127.0.0.1", help="address the HTTP face listens on")
+    n.add_argument("--port", type=int, default=NODE_PORT, help="port of the HTTP face (0: any)")
+    n.add_argument(
+        "--api-token-file",
+        help="file holding the bearer token (16+ printable ASCII characters) that GET "
+        "/state, /advertisements and /metrics require (GET /health stays open); without "
+        "it those views are refused (403): they show the cache",
+    )
+    _common(
+        n,
+        secret_required=True,
+        block_size_default=None,
+        block_size_help="tokens per block: with --engine-url the engine's (give it only to "
+        f"check), else {DEFAULT_BLOCK_SIZE} unless given",
+        tier_help="; with --engine-url: hbm alone, holding the engine's num_gpu_blocks, "
+        "and a --tier hbm must give that block count",
+    )
     n.set_defaults(func=cmd_node, command_prog=n.prog)
 
 
