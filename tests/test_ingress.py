@@ -151,6 +151,58 @@ def c_sma(engine, rib: RibWriter) -> NodeAgent:
     ).start()
 
 
+class DyingEngine:
+    """A peer that answers like an engine, then dies mid-answer: a stream's head and one
+    event, or a JSON answer's head and ten of its bytes, then the connection is cut."""
+
+    STREAM_EVENT = (
+        b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"a"}]}\n\n'
+    )
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                if json.loads(body).get("stream"):
+                    chunk = b"%x\r\n%s\r\n" % (len(self.STREAM_EVENT), self.STREAM_EVENT)
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                        b"transfer-encoding: chunked\r\n\r\n" + chunk
+                    )
+                else:
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b'content-length: 1000\r\n\r\n{"id": "x",'
+                    )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -168,11 +220,13 @@ def front(vllm_engine, tmp_path_factory) -> Iterator[Front]:  # noqa: F811
     assert rib.writes, f"the C-SMA advertised nothing: {agent.state()}"
     config = steering_config(rib.path, vllm_engine)
     dead = closed_port()
+    dying = DyingEngine()
     models = load_models(
         [
             ModelSpec(vllm_engine.served_model_name, CS_ID, vllm_engine.model_dir),
             ModelSpec("dead-engine", CS_ID, vllm_engine.model_dir, dead),
             ModelSpec("no-instance", 999, vllm_engine.model_dir),
+            ModelSpec("dying-engine", CS_ID, vllm_engine.model_dir, dying.port),
         ],
         config,
         install_routes=False,
@@ -189,9 +243,10 @@ def front(vllm_engine, tmp_path_factory) -> Iterator[Front]:  # noqa: F811
         server.close()
         open_server.close()
         agent.close()
+        dying.close()
 
 
-def fresh_text(words: int = 60) -> str:
+def fresh_text(words: int = 150) -> str:
     """A prompt no earlier request shares a block with (random first words)."""
     return f"{secrets.token_hex(8)} " + " ".join(
         secrets.choice(["kv", "block", "cache", "route", "steer", "prefix", "token", "bgp"])
@@ -279,6 +334,7 @@ def test_the_models_list_is_the_configured_models(front):
         front.engine.served_model_name,
         "dead-engine",
         "no-instance",
+        "dying-engine",
     ]
     assert all(m.owned_by == "catsproto" and m.object == "model" for m in listed.data)
 
@@ -472,6 +528,41 @@ def test_an_unreachable_engine_is_502_and_no_instance_is_503(front):
     # and the ingress serves on
     ok = client.completions.create(
         model=front.engine.served_model_name, prompt="after", max_tokens=1
+    )
+    assert ok.choices
+
+
+def test_an_engine_that_dies_mid_answer_gives_a_clean_502(front):
+    client = front.client()
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.completions.create(model="dying-engine", prompt="hello", max_tokens=5)
+    assert exc.value.status_code == 502 and "died mid-answer" in exc.value.body["message"]
+
+
+def test_a_stream_whose_engine_dies_ends_with_an_sse_error_event(front):
+    """The head and the first event went out already: the client gets that event, then
+    an OpenAI error event, then the end of the stream; the ingress serves on."""
+    stream = front.client().completions.create(
+        model="dying-engine", prompt="hello", max_tokens=5, stream=True
+    )
+    got = []
+    with pytest.raises(openai.APIError, match="died mid-stream"):
+        for chunk in stream:
+            got.append(chunk.choices[0].text)
+    assert got == ["a"]
+    # the raw stream: the event as sent, then the error event
+    req = urllib.request.Request(
+        front.server.url + "/v1/completions",
+        json.dumps({"model": "dying-engine", "prompt": "x", "stream": True}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_TOKEN}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        events = r.read().split(b"\n\n")
+    assert events[0] + b"\n\n" == DyingEngine.STREAM_EVENT
+    error = json.loads(events[1][len(b"data: ") :])
+    assert _is_openai_error(error) and error["error"]["code"] == "engine_died"
+    ok = front.client().completions.create(
+        model=front.engine.served_model_name, prompt="still here", max_tokens=1
     )
     assert ok.choices
 
