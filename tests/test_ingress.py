@@ -25,13 +25,8 @@ import openai
 import pytest
 
 from catsproto import security, wire
-from catsproto.adapters.ingress import (
-    IngressServer,
-    IngressService,
-    ModelSpec,
-    ServedModel,
-    load_models,
-)
+from catsproto.adapters.ingress import IngressService, ModelSpec, ServedModel, load_models
+from catsproto.adapters.ingress_http import IngressServer
 from catsproto.adapters.instance import NodeAgent
 from catsproto.adapters.steering import SteeringConfig
 from catsproto.adapters.vllm_events import RankEndpoint

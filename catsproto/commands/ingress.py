@@ -26,7 +26,8 @@ DEFAULT_LISTEN = "127.0.0.1:8000"
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from catsproto.adapters.http import token_option
-    from catsproto.adapters.ingress import IngressServer, IngressService, ModelSpec, load_models
+    from catsproto.adapters.ingress import IngressService, ModelSpec, load_models
+    from catsproto.adapters.ingress_http import IngressServer
     from catsproto.adapters.openai_wire import EnginePool
     from catsproto.adapters.steering import SteeringConfig
     from catsproto.adapters.stop import StopSignal

@@ -1,0 +1,417 @@
+"""The ingress's HTTP face: the OpenAI endpoints over the stdlib server, the proxy to
+the chosen engine, SSE streamed per event (the service, decisions and ground truth are
+in `catsproto.adapters.ingress`, whose docstring tells the whole design).
+
+Strategy. A handler thread per client connection does the whole request: read the body
+(bounded), `IngressService.prepare` and `decide`, then send the body on a pooled
+keep-alive connection to the engine and copy the answer back. A JSON answer is read
+whole (it is small) and sent with its length; a stream is copied event by event as
+`read1` hands bytes over, each event flushed in its own HTTP chunk, so the client's first
+token leaves when the engine's does. An engine that fails before its first byte is a 502
+in OpenAI's shape; one that fails once the stream's head went out gets an SSE error
+event and the stream's end; a client that leaves closes the engine's connection too
+(vLLM then aborts the request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from catsproto.adapters.http import (
+    READ_TIMEOUT_S,
+    UNAUTHORISED_ERROR,
+    BackgroundHTTPServer,
+    BodyError,
+    bearer_authorised,
+    bearer_challenge,
+)
+from catsproto.adapters.ingress import (
+    CHAT,
+    COMPLETIONS,
+    MAX_BODY,
+    OWNER,
+    RESOLVE_EVERY_S,
+    IngressService,
+    Prepared,
+    Steered,
+)
+from catsproto.adapters.metrics import CONTENT_TYPE, render
+from catsproto.adapters.openai_wire import (
+    IngressError,
+    SseSplitter,
+    error_body,
+    event_data,
+    model_list,
+    sse_event,
+    usage_chunk,
+    usage_of,
+    with_fingerprint,
+)
+from catsproto.adapters.steering import LISTEN_BACKLOG
+from catsproto.adapters.strict_json import json_body
+
+__all__ = ["IngressServer", "read_body"]
+
+
+class IngressServer(BackgroundHTTPServer):
+    """The OpenAI front door over HTTP (stdlib server, one thread per connection). With
+    an `api_token`, everything but GET /health takes only callers that send it as a
+    bearer token (others get 401) and the decision headers are given in full; without
+    one, requests are served to all with the public decision headers only and /metrics
+    is refused (403). A thread holds pending ground-truth misses against the RIB."""
+
+    def __init__(
+        self,
+        service: IngressService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        api_token: bytes | None = None,
+        install_routes: bool = True,
+        max_body: int = MAX_BODY,
+        read_timeout: float = READ_TIMEOUT_S,
+        max_handlers: int = 512,
+    ) -> None:
+        self.service = service
+        super().__init__(
+            _handler(service, api_token, install_routes, max_body, read_timeout),
+            host,
+            port,
+            max_handlers=max_handlers,
+            request_deadline=read_timeout,
+        )
+        self.httpd.socket.listen(LISTEN_BACKLOG)
+        self._stop = threading.Event()
+        self._resolver = threading.Thread(target=self._resolve, daemon=True, name="groundtruth")
+
+    def start(self) -> IngressServer:
+        super().start()
+        self._resolver.start()
+        return self
+
+    def _resolve(self) -> None:
+        while not self._stop.wait(RESOLVE_EVERY_S):
+            try:
+                self.service.resolve()
+            except Exception as exc:  # a bug of ours: say so, keep serving
+                print(f"ingress: ground truth: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+        self.service.pool.close()
+
+
+def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
+    """The request body as bytes, by its Content-Length (BodyError otherwise)."""
+    if "Content-Length" not in handler.headers:
+        if handler.headers.get("Transfer-Encoding"):
+            raise BodyError(411, "send the body with a Content-Length (no chunked bodies)")
+        raise BodyError(400, "a JSON body is required")
+    raw_length = handler.headers.get("Content-Length", "").strip()
+    if not raw_length.isdigit():
+        raise BodyError(400, f"Content-Length {raw_length[:40]!r} is not a byte count")
+    length = int(raw_length)
+    if length > max_bytes:
+        raise BodyError(413, f"body of {length} bytes is over the {max_bytes}-byte limit")
+    try:
+        raw = handler.rfile.read(length)
+    except TimeoutError:
+        raise BodyError(408, f"body: {length} bytes announced, not sent in time") from None
+    if len(raw) < length:
+        raise BodyError(400, f"body: {length} bytes announced, {len(raw)} sent")
+    return raw
+
+
+class _UpstreamFailed(Exception):
+    """The engine could not be asked (before any answer): a 502."""
+
+
+def _handler(
+    service: IngressService,
+    api_token: bytes | None,
+    install_routes: bool,
+    max_body: int,
+    read_timeout: float,
+) -> type[BaseHTTPRequestHandler]:
+    full = api_token is not None
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+        timeout = read_timeout
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(
+            self,
+            status: int,
+            body: bytes,
+            content_type: str = "application/json",
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, exc: IngressError, headers: dict[str, str] | None = None) -> None:
+            self._send(exc.status, json_body(exc.to_json()), headers=headers)
+
+        def _authorised(self) -> bool:
+            if api_token is None or bearer_authorised(self.headers, api_token):
+                return True
+            service.count("unauthorised")
+            self.close_connection = True  # the body, if any, is left unread
+            self._error(
+                IngressError(401, UNAUTHORISED_ERROR, code="invalid_api_key"),
+                bearer_challenge("ingress"),
+            )
+            return False
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                body = {**service.health(), "http": self.server.stats.to_json()}  # type: ignore[attr-defined]
+                self._send(200, json_body(body))
+            elif path not in ("/v1/models", "/metrics"):
+                self._error(IngressError(404, f"no GET {path}", code="not_found"))
+            elif not self._authorised():
+                return
+            elif path == "/v1/models":
+                models = [(m.spec.name, m.created, OWNER) for m in service.models.values()]
+                self._send(200, json_body(model_list(models)))
+            elif api_token is None:
+                self._error(
+                    IngressError(
+                        403,
+                        "GET /metrics is served only to API token holders and no API token "
+                        "is configured: start the ingress with --api-token-file (its "
+                        "ground-truth counters move with each request's cache outcome)",
+                        code="forbidden",
+                    )
+                )
+            else:
+                self._send(200, render(service.registry), CONTENT_TYPE)
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0]
+            endpoint = path if path in (COMPLETIONS, CHAT) else "other"
+            if endpoint == "other":
+                self.close_connection = True  # its body is left unread
+                self._error(IngressError(404, f"no POST {path}", code="not_found"))
+                return
+            if not self._authorised():
+                service.requests.labels("", endpoint, "401").inc()
+                return
+            name, status = "", 500
+            try:
+                raw = read_body(self, max_body)
+                prepared = service.prepare(path, raw)
+                name = prepared.model.spec.name
+                steered = service.decide(prepared, install=install_routes)
+                status = self._proxy(prepared, steered)
+            except BodyError as exc:
+                service.count("bad_requests")
+                self.close_connection = True
+                status = exc.status
+                self._error(IngressError(exc.status, str(exc)))
+            except IngressError as exc:
+                if exc.status < 500:
+                    service.count("bad_requests")
+                status = exc.status
+                self._error(exc)
+            except _UpstreamFailed as exc:
+                status = 502
+                self._error(IngressError(502, str(exc), code="engine_unreachable"))
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client left: nobody to answer
+            except Exception as exc:  # a bug of ours: answer, count, log, serve on
+                service.count("internal_errors")
+                print(f"ingress: {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self._error(IngressError(500, f"internal error: {type(exc).__name__}"))
+            finally:
+                service.requests.labels(name, endpoint, str(status)).inc()
+
+        # ---- the proxy ----------------------------------------------------------------
+
+        def _ask(
+            self, prepared: Prepared, steered: Steered
+        ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+            """Send the body to the chosen engine on a pooled connection (a reused one
+            the engine closed meanwhile is replaced once); its response's head."""
+            port = prepared.model.engine_port
+            headers = {
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream" if prepared.stream else "application/json",
+            }
+            if service.instance_token is not None:
+                headers["Authorization"] = "Bearer " + service.instance_token.decode()
+            where = f"{steered.address}:{port}"
+            for attempt in (0, 1):
+                try:
+                    conn, reused = service.pool.take(steered.address, port)
+                except OSError as exc:
+                    raise _UpstreamFailed(f"engine {where} unreachable: {exc}") from None
+                try:
+                    conn.request("POST", prepared.path, prepared.forward, headers)
+                    return conn, conn.getresponse()
+                except (http.client.HTTPException, OSError) as exc:
+                    conn.close()
+                    if reused and attempt == 0:
+                        continue  # an idle keep-alive the engine had closed
+                    raise _UpstreamFailed(
+                        f"engine {where} failed before answering: {type(exc).__name__}: {exc}"
+                    ) from None
+            raise AssertionError("unreachable")
+
+        def _proxy(self, prepared: Prepared, steered: Steered) -> int:
+            name = prepared.model.spec.name
+            started = time.perf_counter()
+            try:
+                conn, resp = self._ask(prepared, steered)
+            except _UpstreamFailed:
+                service.proxy_errors.labels(name, "unreachable").inc()
+                raise
+            service.upstream_seconds.labels(name).observe(time.perf_counter() - started)
+            if resp.status in (401, 403):  # the engine's API key, not the caller's fault
+                resp.read()
+                conn.close()
+                service.proxy_errors.labels(name, "refused").inc()
+                sent = "a wrong token" if service.instance_token is not None else "no token"
+                raise IngressError(
+                    502,
+                    f"engine {steered.address} answered {resp.status} ({sent} sent): start "
+                    "the ingress with --instance-token-file holding the engines' API key",
+                    code="engine_refused",
+                )
+            headers = steered.headers(full)
+            kind = resp.getheader("Content-Type", "application/json")
+            if not (resp.status == 200 and kind.startswith("text/event-stream")):
+                try:
+                    body = resp.read()
+                except (http.client.HTTPException, OSError) as exc:
+                    conn.close()
+                    service.proxy_errors.labels(name, "died").inc()
+                    raise _UpstreamFailed(
+                        f"engine {steered.address} died mid-answer: {type(exc).__name__}"
+                    ) from None
+                self._done(prepared, steered, conn, resp)
+                if resp.status == 200:
+                    usage = usage_of(body)
+                    if usage is not None:
+                        service.record(prepared, steered, usage)
+                self._send(resp.status, body, kind, headers)
+                return resp.status
+            self._stream(prepared, steered, conn, resp, kind, headers)
+            return 200
+
+        def _done(
+            self,
+            prepared: Prepared,
+            steered: Steered,
+            conn: http.client.HTTPConnection,
+            resp: http.client.HTTPResponse,
+        ) -> None:
+            if resp.will_close:
+                conn.close()
+            else:
+                service.pool.give_back(steered.address, prepared.model.engine_port, conn)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _stream(
+            self,
+            prepared: Prepared,
+            steered: Steered,
+            conn: http.client.HTTPConnection,
+            resp: http.client.HTTPResponse,
+            kind: str,
+            headers: dict[str, str],
+        ) -> None:
+            """Forward the engine's events as they come (chunked), usage read on the way."""
+            self.send_response(200)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Type", kind)
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            engine = (steered.address, prepared.model.engine_port)
+            splitter = SseSplitter()
+            held: list[bytes] = []  # finishing chunks waiting for the fingerprint
+            try:
+                while True:
+                    try:
+                        data = resp.read1(65536)
+                    except (http.client.HTTPException, OSError) as exc:
+                        raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+                    if not data:
+                        break
+                    out = []
+                    for event in splitter.feed(data):
+                        payload = event_data(event)
+                        if prepared.drop_usage:
+                            chunk = usage_chunk(payload)
+                            if chunk is not None:
+                                service.record(prepared, steered, chunk.usage)
+                                if chunk.system_fingerprint:
+                                    service.fingerprints[engine] = chunk.system_fingerprint
+                                out += [self._fingerprinted(e, engine) for e in held]
+                                held.clear()
+                                continue
+                            if b'"finish_reason":"' in payload:
+                                if engine in service.fingerprints:
+                                    event = self._fingerprinted(event, engine)
+                                else:
+                                    held.append(event)
+                                    continue
+                        elif (
+                            usage := usage_of(payload)
+                        ) is not None and b'"choices":[]' in payload:
+                            service.record(prepared, steered, usage)
+                        out.append(event)
+                    if out:
+                        self._chunk(b"".join(out))
+                tail = b"".join(held) + splitter.rest
+                if tail:
+                    self._chunk(tail)
+                self._done(prepared, steered, conn, resp)
+            except _UpstreamFailed as exc:
+                conn.close()
+                service.proxy_errors.labels(prepared.model.spec.name, "died").inc()
+                error = error_body(
+                    502,
+                    f"engine {steered.address} died mid-stream: {exc}",
+                    code="engine_died",
+                )
+                self._chunk(sse_event(error))
+                self.close_connection = True
+            except BaseException:
+                conn.close()
+                raise
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        def _fingerprinted(self, event: bytes, engine: tuple[str, int]) -> bytes:
+            fingerprint = service.fingerprints.get(engine)
+            if fingerprint is None:
+                return event
+            payload = event_data(event)
+            return b"data: " + with_fingerprint(payload, fingerprint) + b"\n\n"
+
+    return Handler
