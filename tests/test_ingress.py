@@ -532,6 +532,7 @@ def test_an_engine_that_dies_mid_answer_gives_a_clean_502(front):
     with pytest.raises(openai.APIStatusError) as exc:
         client.completions.create(model="dying-engine", prompt="hello", max_tokens=5)
     assert exc.value.status_code == 502 and "died mid-answer" in exc.value.body["message"]
+    assert exc.value.body["code"] == "engine_died"
 
 
 def test_a_stream_whose_engine_dies_ends_with_an_sse_error_event(front):

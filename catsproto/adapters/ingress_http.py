@@ -130,7 +130,11 @@ def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
 
 
 class _UpstreamFailed(Exception):
-    """The engine could not be asked (before any answer): a 502."""
+    """The engine could not be asked, or died before its answer ended: a 502 (`code`)."""
+
+    def __init__(self, message: str, code: str = "engine_unreachable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _handler(
@@ -233,7 +237,7 @@ def _handler(
                 self._error(exc)
             except _UpstreamFailed as exc:
                 status = 502
-                self._error(IngressError(502, str(exc), code="engine_unreachable"))
+                self._error(IngressError(502, str(exc), code=exc.code))
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client left: nobody to answer
             except Exception as exc:  # a bug of ours: answer, count, log, serve on
@@ -306,7 +310,8 @@ def _handler(
                     conn.close()
                     service.proxy_errors.labels(name, "died").inc()
                     raise _UpstreamFailed(
-                        f"engine {steered.address} died mid-answer: {type(exc).__name__}"
+                        f"engine {steered.address} died mid-answer: {type(exc).__name__}",
+                        "engine_died",
                     ) from None
                 self._done(prepared, steered, conn, resp)
                 if resp.status == 200:
