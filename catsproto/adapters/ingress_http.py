@@ -166,8 +166,9 @@ def _handler(
                 self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            # head and body in one send (end_headers would send the head alone first)
+            self._headers_buffer.extend((b"\r\n", body))  # type: ignore[attr-defined]
+            self.flush_headers()
 
         def _error(self, exc: IngressError, headers: dict[str, str] | None = None) -> None:
             self._send(exc.status, json_body(exc.to_json()), headers=headers)
