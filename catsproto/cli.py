@@ -89,7 +89,21 @@ def lab_demo_argv(args: argparse.Namespace, namespaced: bool) -> list[str]:
     lab cannot (`lab demo --seal` refuses it), so it runs in the clear."""
     if args.embedded or not namespaced:
         return ["lab", "demo", *(["--embedded"] if args.embedded else [])]
-    return ["lab", "demo", *([] if args.no_seal else ["--seal"])]
+    engine = [] if args.no_engine or not engine_installed() else ["--engine", "vllm"]
+    return ["lab", "demo", *([] if args.no_seal else ["--seal"]), *engine]
+
+
+def engine_installed() -> bool:
+    """Whether the real engine (scripts/setup's .venv-engine) is there; the demo says so
+    when it is not."""
+    from catsproto.lab.engine import EngineError, check_installed
+
+    try:
+        check_installed()
+    except EngineError as exc:
+        print(f"real engines skipped: {exc}")
+        return False
+    return True
 
 
 def eval_demo(requests: int) -> int:
@@ -273,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
     p.add_argument("--no-eval", action="store_true", help="skip the trace-driven evaluation")
+    p.add_argument(
+        "--no-engine",
+        action="store_true",
+        help="no real vLLM engines in the namespaced lab (by default sites 2 and 3 run one "
+        "each when scripts/setup installed them, and a conversation goes through the "
+        "OpenAI-compatible ingress)",
+    )
     p.add_argument(
         "--no-seal",
         action="store_true",

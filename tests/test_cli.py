@@ -130,9 +130,25 @@ def test_demo_runs_and_round_trips_every_example():
     ],
 )
 def test_the_main_demo_seals_the_namespaced_lab_only(argv, namespaced, lab):
-    args = cli.build_parser().parse_args(["demo", *argv])
+    args = cli.build_parser().parse_args(["demo", "--no-engine", *argv])
     assert cli.lab_demo_argv(args, namespaced) == lab
     cli.build_parser().parse_args(lab)  # and `lab demo` takes what it is given
+
+
+def test_the_main_demo_runs_real_engines_where_they_are_installed(tmp_path, monkeypatch, capsys):
+    python = tmp_path / "python"
+    monkeypatch.setenv("CATSPROTO_ENGINE_PYTHON", str(python))
+    args = cli.build_parser().parse_args(["demo"])
+    assert cli.lab_demo_argv(args, True) == ["lab", "demo", "--seal"]
+    assert f"real engines skipped: no engine at {python}" in capsys.readouterr().out
+    python.touch()
+    lab = cli.lab_demo_argv(args, True)
+    assert lab == ["lab", "demo", "--seal", "--engine", "vllm"]
+    cli.build_parser().parse_args(lab)
+    # on loopback, or when asked, never
+    assert cli.lab_demo_argv(args, False) == ["lab", "demo"]
+    no_engine = cli.build_parser().parse_args(["demo", "--no-engine"])
+    assert cli.lab_demo_argv(no_engine, True) == ["lab", "demo", "--seal"]
 
 
 def test_vector_file_check():

@@ -376,11 +376,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     netns_mode = can_netns() and not args.embedded
     if args.seal and not netns_mode:
         raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
+    if args.engine and not netns_mode:
+        raise UsageError("--engine needs the namespaced lab (root, not --embedded)")
     started = time.monotonic()
     try:
         tag = _new_tag(args, root)
         lab = (
-            runner.up(path, root, feed=True, feed_interval=args.interval, tag=tag, seal=args.seal)
+            runner.up(
+                path,
+                root,
+                feed=True,
+                feed_interval=args.interval,
+                tag=tag,
+                seal=args.seal,
+                engine=args.engine,
+            )
             if netns_mode
             else embedded.up(path, root, tag=tag)
         )
@@ -420,6 +430,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         accepted = sum(e["kind"] == "accept" for e in lab.events(receiver))
         print(f"\n{accepted} advertisements accepted at {receiver}")
         _print_steering(lab, receiver)
+        if args.engine:
+            _print_engines(lab)
     finally:
         try:
             if capture is not None:
@@ -571,6 +583,29 @@ def catsproto_command() -> str:
     if local.exists() and shutil.which("catsproto") != str(local):
         return str(local)
     return "catsproto"
+
+
+def _print_engines(lab: Any) -> None:
+    """The real-engine step (`catsproto.lab.engine_demo`)."""
+    from catsproto.lab import flows, view
+    from catsproto.lab.engine_demo import HEADER, EngineDemo
+    from catsproto.lab.errors import LabError
+
+    engines = ", ".join(f"{e['host']} ({e['instance']})" for e in lab.handle.state.info["engines"])
+    print(
+        f"\nreal vLLM engines at {engines}, tiny model, dummy weights; the official openai "
+        f"client behind the ingress ({flows.ingress_url(lab)}) asks a conversation:"
+    )
+    try:
+        rows = EngineDemo(lab).run()
+    except LabError as exc:
+        print(f"engine step failed: {exc}")
+        return
+    print(view.table(rows, HEADER))
+    print(
+        "expected: what the selector's RIB (BGP, signed, verified) said the engine holds; "
+        "vLLM cached: the engine's own usage report (it recomputes a prompt's last token)"
+    )
 
 
 def _print_steering(lab: Any, receiver: str) -> None:
@@ -804,6 +839,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "private catsproto-demo-<tag>-XXXXXXXX folder in the temporary folder, /tmp)",
     )
     p.add_argument("--no-capture", action="store_true", help="do not capture the BGP sessions")
+    p.add_argument(
+        "--engine",
+        choices=["vllm"],
+        help="real engines at sites 2 and 3 (as `lab up --engine`), and a conversation "
+        "through the OpenAI-compatible ingress with the official openai client: where it "
+        "goes, vLLM's own cached tokens and the time to first token, beside network-only "
+        "CATS (namespaced lab only)",
+    )
     common(
         p,
         "where the run directory lives while the demo runs (default: $CATSPROTO_LAB_ROOT, "
