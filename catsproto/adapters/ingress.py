@@ -41,6 +41,7 @@ ends with an SSE error event). An engine's own 4xx/5xx answer goes back as it is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import threading
@@ -65,7 +66,7 @@ from catsproto.adapters.steering import (
     SteeringService,
 )
 from catsproto.adapters.tokenizer import PromptError, PromptTokenizer
-from catsproto.selector import NoInstanceError, Request, SelectorConfig
+from catsproto.selector import Estimate, NoInstanceError, Request, SelectorConfig
 from catsproto.selector.groundtruth import Claim, GroundTruthError, GroundTruthLedger, PendingMiss
 
 __all__ = ["IngressService", "ModelSpec", "ServedModel", "load_models"]
@@ -317,8 +318,20 @@ class IngressService:
             forward = json.dumps(body).encode()
         return Prepared(model, path, ids, forward, stream, drop_usage)
 
-    def decide(self, prepared: Prepared, *, install: bool = True) -> Steered:
-        """Key the prompt's blocks and choose (`SteeringService`), the route installed."""
+    def decide(
+        self, prepared: Prepared, *, install: bool = True, policy: str = "catsproto"
+    ) -> Steered:
+        """Key the prompt's blocks and choose (`SteeringService`), the route installed.
+        `policy` (a token holder's ``x-catsproto-policy``, for comparisons): "catsproto"
+        (the path selector with the engines' caches), "compute-aware" (the same selector
+        without the prompt's block keys: network and load, no cache) or "nearest" (the
+        live instance with the shortest path, nothing else), as network-only CATS would."""
+        if policy not in POLICIES:
+            raise IngressError(
+                400,
+                f"x-catsproto-policy {policy!r}: one of {', '.join(POLICIES)}",
+                code="invalid_policy",
+            )
         model = prepared.model
         service = model.service
         started = time.perf_counter()
@@ -340,10 +353,14 @@ class IngressService:
             now_ms = int(self.clock() * 1000)
             service.feed.refresh(now_ms)
             try:
-                decision = service.selector.decide(request, now_ms)
+                if policy == "nearest":
+                    chosen = _nearest(service, request)
+                else:
+                    if policy == "compute-aware":
+                        request = dataclasses.replace(request, block_keys=keys[:0])
+                    chosen = service.selector.decide(request, now_ms).chosen
             except NoInstanceError as exc:
                 raise IngressError(503, str(exc), code="no_instance") from None
-            chosen = decision.chosen
             table = service.feed.rib.services.get(model.spec.cs_id)
             inst = table.by_address.get(chosen.address) if table is not None else None
             sequence = inst.epoch_seq if inst is not None else (0, 0)
@@ -360,7 +377,7 @@ class IngressService:
             chosen.total_ms,
             1000 * elapsed,
             sequence,
-            request.block_keys,
+            keys,
         )
 
     # ---- ground truth -----------------------------------------------------------------------
@@ -420,6 +437,45 @@ class IngressService:
             "unauthorised": self.unauthorised,
             "internal_errors": self.internal_errors,
         }
+
+
+POLICIES = ("catsproto", "compute-aware", "nearest")
+
+
+def _nearest(service: SteeringService, request: Request) -> Estimate:
+    """Network-only CATS at its plainest: the live instance of the request's service at
+    the end of the shortest path from the ingress (ties: the lower address); nothing of
+    its cache or load is looked at, so it is expected to hold nothing. Lock held."""
+    table = service.feed.rib.services.get(request.cs_id)
+    selector = service.selector
+    best: tuple[float, int, Any, Any] | None = None
+    for inst in table.live() if table is not None else []:
+        path = selector.network.path(request.ingress, selector.config.node_of(inst.site_id))
+        if path is None:
+            continue
+        key = (path.delay_ms, int(inst.address), inst, path)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    if best is None:
+        raise NoInstanceError(f"no reachable instance for CS-ID {request.cs_id}")
+    delay, _, inst, path = best
+    nan = float("nan")
+    return Estimate(
+        address=inst.address,
+        site_id=inst.site_id,
+        path=tuple(path.nodes),
+        rtt_ms=2 * delay,
+        upload_ms=nan,
+        queue_ms=nan,
+        cached_blocks=0,
+        expected_cached_blocks=0.0,
+        fpr=0.0,
+        stale=False,
+        kv_source=None,
+        fetch_ms=nan,
+        prefill_ms=nan,
+        total_ms=nan,
+    )
 
 
 def _claims(service: SteeringService) -> Callable[[PendingMiss], Claim | None]:

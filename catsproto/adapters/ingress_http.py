@@ -56,7 +56,9 @@ from catsproto.adapters.openai_wire import (
 from catsproto.adapters.steering import LISTEN_BACKLOG
 from catsproto.adapters.strict_json import json_body
 
-__all__ = ["IngressServer", "read_body"]
+__all__ = ["POLICY_HEADER", "IngressServer", "read_body"]
+
+POLICY_HEADER = "x-catsproto-policy"  # a token holder's choice of policy (comparisons)
 
 
 class IngressServer(BackgroundHTTPServer):
@@ -224,7 +226,17 @@ def _handler(
                 raw = read_body(self, max_body)
                 prepared = service.prepare(path, raw)
                 name = prepared.model.spec.name
-                steered = service.decide(prepared, install=install_routes)
+                policy = self.headers.get(POLICY_HEADER)
+                if policy is not None and api_token is None:
+                    raise IngressError(
+                        403,
+                        f"{POLICY_HEADER} is for API token holders (comparisons), and no API "
+                        "token is configured",
+                        code="forbidden",
+                    )
+                steered = service.decide(
+                    prepared, install=install_routes, policy=policy or "catsproto"
+                )
                 status = self._proxy(prepared, steered)
             except BodyError as exc:
                 service.count("bad_requests")
