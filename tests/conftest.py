@@ -38,3 +38,37 @@ def ids():
     yield made
     for i in made.values():
         i.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory):
+    """One real vLLM engine for the whole test session (`catsproto.lab.engine`): the tiny
+    model on 127.0.0.1 at a free port, its KV events on Unix sockets in a private folder,
+    512 KV blocks of 32 tokens. Started on first use (about 30-60 s), ended by its PID
+    group when the session ends. Without the engine venv it skips, and under CI=true
+    fails (`tests/engine_helpers.require_engine_python`)."""
+    from catsproto.lab.engine import EngineSpec, LocalEngine
+    from tests.engine_helpers import EngineHandle, free_port, require_engine_python
+
+    python = require_engine_python()
+    d = tmp_path_factory.mktemp("vllm")
+    spec = EngineSpec(host="127.0.0.1", port=free_port(), ipc_dir=d)
+    engine = LocalEngine(spec, d / "engine.log", python=python)
+    try:
+        engine.wait_ready()
+        yield EngineHandle.of(spec)
+    finally:
+        engine.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that run real engines go last: the session's engine (`vllm_engine`),
+    then the lab's engines (test_engine_lab.py). A running engine takes CPU even idle,
+    so everything else runs before the first one starts."""
+
+    def rank(item) -> int:
+        if item.module.__name__.endswith("test_engine_lab"):
+            return 2
+        return 1 if "vllm_engine" in getattr(item, "fixturenames", ()) else 0
+
+    items.sort(key=rank)  # stable: each group keeps its order

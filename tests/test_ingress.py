@@ -35,7 +35,6 @@ from catsproto.node import BuilderConfig, ComputeState, DampeningPolicy, RouteAd
 from catsproto.node.cache import TierSpec
 from catsproto.summary import KIND_EXACT
 from catsproto.wire import Tier
-from tests.conftest_engine_dev import vllm_engine  # noqa: F401  (the fixture)
 
 SECRET = b"catsproto-ingress-tests-secret-1"
 SECRET_ID = 7
@@ -205,7 +204,7 @@ def closed_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def front(vllm_engine, tmp_path_factory) -> Iterator[Front]:  # noqa: F811
+def front(vllm_engine, tmp_path_factory) -> Iterator[Front]:
     d = tmp_path_factory.mktemp("ingress")
     rib = RibWriter(d / "rib.json", vllm_engine.host)
     agent = c_sma(vllm_engine, rib)

@@ -18,7 +18,6 @@ import pytest
 
 from catsproto import cli
 from catsproto.adapters.ingress import ModelSpec
-from tests.conftest_engine_dev import vllm_engine  # noqa: F401  (the fixture)
 from tests.test_ingress import API_TOKEN, CS_ID, RibWriter, c_sma, fresh_text, steering_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +43,7 @@ def test_bad_model_specs_are_refused(text):
         ModelSpec.parse(text)
 
 
-def test_bad_command_lines_are_refused_with_the_option(tmp_path, capsys, vllm_engine):  # noqa: F811
+def test_bad_command_lines_are_refused_with_the_option(tmp_path, capsys, vllm_engine):
     config = tmp_path / "steering.json"
     config.write_text(json.dumps(steering_config(tmp_path / "rib.json", vllm_engine).to_json()))
     model = f"m={CS_ID}:{vllm_engine.model_dir}"
@@ -61,7 +60,7 @@ def test_bad_command_lines_are_refused_with_the_option(tmp_path, capsys, vllm_en
         assert status != 0 and words in err, (argv, err)
 
 
-def test_the_command_serves_a_completion_and_stops_on_sigterm(tmp_path, vllm_engine):  # noqa: F811
+def test_the_command_serves_a_completion_and_stops_on_sigterm(tmp_path, vllm_engine):
     rib = RibWriter(tmp_path / "rib.json", vllm_engine.host)
     agent = c_sma(vllm_engine, rib)
     config = tmp_path / "steering.json"

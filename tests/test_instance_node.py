@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from catsproto.cli import build_parser
 from catsproto.keys import BlockKeyer
 from catsproto.summary import SummaryReceiver
 from catsproto.wire import Tier
+from tests.engine_helpers import EngineHandle
 
 SECRET = "ab" * 16
 MODEL_ID = "catsproto-node-test"
@@ -38,41 +38,7 @@ TOKEN = "node-test-token-0123456789abcdef"
 # ---- the engine ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Engine:
-    url: str
-    events: str
-    replay: str
-    block_size: int
-    num_gpu_blocks: int
-    model: str
-
-
-@pytest.fixture(scope="session")
-def vllm_engine() -> Engine:
-    """Provisional: the dev engine the lead runs (/tmp/deveng/run.sh), to be replaced by
-    the session fixture that starts one. Fails (never skips) when it does not answer."""
-    engine = Engine(
-        url="http://127.0.0.1:18000",
-        events="ipc:///tmp/deveng/kv.sock",
-        replay="ipc:///tmp/deveng/replay.sock",
-        block_size=32,
-        num_gpu_blocks=512,  # its --num-gpu-blocks-override
-        model="catsproto-tiny",
-    )
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(engine.url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return engine
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                pytest.fail(f"no vLLM engine at {engine.url}: {exc}")
-        time.sleep(1)
-
-
-def complete(engine: Engine, tokens: list[int], max_tokens: int = 1) -> dict[str, Any]:
+def complete(engine: EngineHandle, tokens: list[int], max_tokens: int = 1) -> dict[str, Any]:
     body = {"model": engine.model, "prompt": tokens, "max_tokens": max_tokens}
     if max_tokens > 1:
         body["ignore_eos"] = True
@@ -346,7 +312,9 @@ def test_an_engine_that_never_answers_is_named_after_the_wait(token_file: Path) 
 # ---- against the real engine -----------------------------------------------------------
 
 
-def test_a_block_size_or_hbm_capacity_unlike_the_engines_is_refused(vllm_engine: Engine) -> None:
+def test_a_block_size_or_hbm_capacity_unlike_the_engines_is_refused(
+    vllm_engine: EngineHandle,
+) -> None:
     e = vllm_engine
     other = 16 if e.block_size != 16 else 64
     r = run_node("--engine-url", e.url, "--block-size", str(other), "--endpoint", e.events)
@@ -365,7 +333,7 @@ def test_a_block_size_or_hbm_capacity_unlike_the_engines_is_refused(vllm_engine:
     ) in r.stderr
 
 
-def test_the_engine_gives_the_node_its_block_size_and_capacity(vllm_engine: Engine) -> None:
+def test_the_engine_gives_the_node_its_block_size_and_capacity(vllm_engine: EngineHandle) -> None:
     """The engine's block size and KV blocks replace the node's defaults (16 tokens,
     2,048 + 16,384 blocks); a --tier for another medium is kept; the same --block-size
     as the engine's is accepted."""
@@ -393,7 +361,9 @@ def test_the_engine_gives_the_node_its_block_size_and_capacity(vllm_engine: Engi
         assert node.stop() == 0
 
 
-def test_the_node_follows_a_real_engine(vllm_engine: Engine, token_file: Path, tmp_path) -> None:
+def test_the_node_follows_a_real_engine(
+    vllm_engine: EngineHandle, token_file: Path, tmp_path
+) -> None:
     """End to end: a prompt sent to the engine reaches the node as KV events, keyed with
     the engine's block size, and goes out in the node's advertisements; /state shows the
     engine's scraped metrics and /metrics the scrapes."""
@@ -475,7 +445,9 @@ def test_the_node_follows_a_real_engine(vllm_engine: Engine, token_file: Path, t
         assert node.stop() == 0
 
 
-def test_the_prefill_rate_and_queue_are_measured_on_the_real_engine(vllm_engine: Engine) -> None:
+def test_the_prefill_rate_and_queue_are_measured_on_the_real_engine(
+    vllm_engine: EngineHandle,
+) -> None:
     """In process, the scraper against the engine: cold prompts close a measuring window
     (the rate is the engine's, not the configured 1 token/s), and a burst larger than the
     KV cache leaves requests waiting, which the node prices as outstanding prefill."""
