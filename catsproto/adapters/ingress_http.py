@@ -279,7 +279,7 @@ def _handler(
             where = f"{steered.address}:{port}"
             for attempt in (0, 1):
                 try:
-                    conn, reused = service.pool.take(steered.address, port)
+                    conn, reused = service.pool.take(steered.address, port, fresh=attempt > 0)
                 except OSError as exc:
                     raise _UpstreamFailed(f"engine {where} unreachable: {exc}") from None
                 try:

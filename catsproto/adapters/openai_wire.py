@@ -16,6 +16,7 @@ import json
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,31 +208,51 @@ class _EngineConnection(http.client.HTTPConnection):
 
 class EnginePool:
     """Idle keep-alive connections per engine (host, port): a request takes one (or opens
-    one), gives it back when its answer was read to the end, drops it otherwise."""
+    one), gives it back when its answer was read to the end, drops it otherwise. A
+    connection idle for `idle_s` or longer is closed instead of reused: vLLM's server
+    (uvicorn) closes keep-alive connections idle for 5 s, and a request sent on one it is
+    closing meets a connection closed without an answer."""
 
     def __init__(
-        self, connect_timeout: float = 3.0, read_timeout: float = 600.0, max_idle: int = 64
+        self,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 600.0,
+        max_idle: int = 64,
+        idle_s: float = 4.0,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], queue.LifoQueue[http.client.HTTPConnection]] = {}
+        self.idle_s = idle_s
+        self._idle: dict[
+            tuple[str, int], queue.LifoQueue[tuple[float, http.client.HTTPConnection]]
+        ] = {}
         self._lock = threading.Lock()
         self.opened = 0  # connections opened (the rest of the requests reused one)
 
-    def _queue(self, key: tuple[str, int]) -> queue.LifoQueue[http.client.HTTPConnection]:
+    def _queue(
+        self, key: tuple[str, int]
+    ) -> queue.LifoQueue[tuple[float, http.client.HTTPConnection]]:
         with self._lock:
             q = self._idle.get(key)
             if q is None:
                 q = self._idle[key] = queue.LifoQueue()
             return q
 
-    def take(self, host: str, port: int) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection to the engine and whether it was reused (an idle one)."""
-        try:
-            return self._queue((host, port)).get_nowait(), True
-        except queue.Empty:
-            pass
+    def take(
+        self, host: str, port: int, *, fresh: bool = False
+    ) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to the engine and whether it was reused (an idle one); `fresh`:
+        a new one whatever is idle."""
+        q = self._queue((host, port))
+        while not fresh:
+            try:
+                since, idle = q.get_nowait()
+            except queue.Empty:
+                break
+            if time.monotonic() - since < self.idle_s:
+                return idle, True
+            idle.close()  # the engine may be closing it right now
         conn = _EngineConnection(host, port, timeout=self.connect_timeout)
         conn.connect()  # refused or unreachable: OSError, within connect_timeout
         assert conn.sock is not None
@@ -246,7 +267,7 @@ class EnginePool:
         if q.qsize() >= self.max_idle:
             conn.close()
         else:
-            q.put(conn)
+            q.put((time.monotonic(), conn))
 
     def close(self) -> None:
         with self._lock:
@@ -255,6 +276,6 @@ class EnginePool:
         for q in queues:
             while True:
                 try:
-                    q.get_nowait().close()
+                    q.get_nowait()[1].close()
                 except queue.Empty:
                     break
