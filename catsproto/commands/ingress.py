@@ -77,6 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     for model in models.values():  # the RIB as it stands, before the first request
         model.service.feed.refresh(int(service.clock() * 1000))
+    # the selector's compiled probe pass loads on first use (numba: ~0.7 s); here, not in
+    # the first request's decision
+    import catsproto.selector.probe_pass  # noqa: F401
     servers = []
     stop = StopSignal()  # before the ready file: a stop right after it shuts down cleanly
     try:

@@ -118,7 +118,11 @@ class EngineSpec:
         }
 
     def argv(self, python: Path | None = None) -> list[str]:
+        # `cpu`: every thread of the engine on those cores (taskset), its compute threads
+        # bound there too (VLLM_CPU_OMP_THREADS_BIND): two engines never share a core
+        pin = ["taskset", "-c", self.cpu] if self.cpu is not None else []
         return [
+            *pin,
             str(python or engine_python()),
             "-m",
             "vllm.entrypoints.openai.api_server",
