@@ -24,7 +24,7 @@ TIERS = re.compile(r"\s(hbm|dram):(bloom|fuse|exact|delta)")
 
 def test_demo_steers_each_conversation_to_the_site_that_caches_it():
     out = subprocess.run(
-        [sys.executable, "-m", "catsproto", "demo"], capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "catsproto", "demo"], capture_output=True, text=True, timeout=480
     )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
@@ -40,6 +40,7 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
         assert blind_site == "1"  # network-only CATS: the nearest site, nothing cached
         assert int(ttft) < int(blind_ttft) / 10
     assert "c3(frr) > b4(bird)" in text  # site 4's advertisements crossed BIRD and FRR
+    _check_engine_step(text)
     assert "lab down" in text
     # where the rtt comes from is said before the numbers: on a kernel without netem the
     # link delays are the topology file's, not applied
@@ -98,3 +99,32 @@ def test_demo_steers_each_conversation_to_the_site_that_caches_it():
     for _, hit, _mean, times, near_hit, less in lines:
         assert float(hit) > 2 * float(near_hit) and float(times) >= 2.0
         assert float(less) > 10  # cache knowledge pays at either load
+
+
+def _engine_rows(text: str) -> dict[str, list[str]]:
+    """The real-engine step's table: label -> [engine, site, expected, vLLM cached, TTFT]."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("turn "):
+            label, *cells = re.split(r"\s{2,}", line.strip())
+            rows[re.sub(r" \(.*\)$", "", label) + (" again" if label in rows else "")] = cells
+    return rows
+
+
+def _check_engine_step(text: str) -> None:
+    """Real vLLM engines behind the ingress (setup installs them, so CI has them): turn 2
+    goes where turn 1 was computed and vLLM reports it cached; a conversation served at
+    the far engine is steered there, and network-only CATS goes elsewhere, uncached."""
+    assert "real vLLM engines at" in text, text[-3000:]
+    rows = _engine_rows(text)
+    first, second = rows["turn 1, catsproto"], rows["turn 2, catsproto"]
+    assert first[3].startswith("0/")  # nothing cached anywhere yet
+    assert second[0] == first[0]  # steered back to the engine that holds turn 1
+    expected = int(second[2].split()[0])
+    cached, prompt = (int(n) for n in second[3].split()[0].split("/"))
+    assert expected > 2000 and cached == expected < prompt  # vLLM agrees, block for block
+    far = next(cells for label, cells in rows.items() if label.startswith("turn 1 sent to"))
+    steered, blind = rows["turn 2, catsproto again"], rows["turn 2, network-only CATS"]
+    assert steered[0] == far[0] and steered[1] == "3"  # site 3: the farther engine
+    assert int(steered[3].split("/")[0]) > 2000
+    assert blind[1] == "2" and blind[3].startswith("0/")  # the nearest, which holds none

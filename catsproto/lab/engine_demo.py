@@ -5,10 +5,11 @@ the demo plays a user of the official `openai` client behind the ingress (in the
 host's namespace, `catsproto.lab.engine_client`):
 
 1. turn 1 of a conversation through the ingress: nothing is cached anywhere, the selector
-   takes the nearest engine; vLLM reports 0 cached prompt tokens;
+   takes the engine it expects to answer first (the nearest, when both are idle); vLLM
+   reports 0 cached prompt tokens;
 2. turn 2 of it, once the engine's C-SMA advertised its KV events over BGP: steered to the
    engine that holds turn 1, and vLLM reports the cached tokens;
-3. a conversation whose turn 1 was served at the far engine (sent there directly, as
+3. a conversation whose turn 1 was served at the farthest engine (sent there directly, as
    another ingress would have): its turn 2 through the ingress goes there, and the same
    turn with network-only CATS (``x-catsproto-policy: nearest``) goes to the nearest
    engine, which holds nothing of it and prefills everything.
@@ -131,8 +132,21 @@ class EngineDemo:
             time.sleep(0.2)
         return time.monotonic() - started
 
-    def far_engine(self, near: str) -> str:
-        return next(a for a in self.engines if a != near)
+    def by_distance(self) -> list[str]:
+        """The engines' addresses, nearest to the ingress first (the topology's delays)."""
+        from catsproto.lab.steering import network_from_topology
+
+        network, sites = network_from_topology(self.lab.topology)
+        ingress = flows.ingress_node(self.lab.topology)
+        site_of = {
+            str(i.address): i.site_id for n in self.lab.topology.nodes.values() for i in n.instances
+        }
+
+        def delay(address: str) -> float:
+            path = network.path(ingress, sites[site_of[address]])
+            return path.delay_ms if path is not None else float("inf")
+
+        return sorted(self.engines, key=lambda a: (delay(a), a))
 
     def run(self) -> list[list[str]]:
         """The three steps; one table row per request."""
@@ -140,12 +154,12 @@ class EngineDemo:
         tag = os.urandom(3).hex()
         first = conversation(f"topic {tag}-a")
         a1 = self.via_ingress(first)
-        near = a1["decision"]["x-catsproto-instance"]
+        holder = a1["decision"]["x-catsproto-instance"]
         rows.append(_row("turn 1, catsproto", a1))
-        waited = self.wait_advertised(near, first)
+        waited = self.wait_advertised(holder, first)
         a2 = self.via_ingress(first + "\nAnd the second question?")
         rows.append(_row(f"turn 2, catsproto ({waited:.1f} s later)", a2))
-        far = self.far_engine(near)
+        far = self.by_distance()[-1]
         other = conversation(f"topic {tag}-b")
         b1 = self.direct(far, other)
         rows.append(_row(f"turn 1 sent to {far} directly", b1, where=far))

@@ -94,8 +94,11 @@ def decide_demo(
     def fresh() -> PathSelector:  # one per question: no load counted from the others
         return PathSelector(rib, network, SelectorConfig(site_nodes=sites))
 
-    cs_of_site = {
-        spec.site_id: spec.cs_id for node in topology.nodes.values() for spec in node.instances
+    cs_of_site = {  # the modelled instances' service (a real engine serves another)
+        spec.site_id: spec.cs_id
+        for node in topology.nodes.values()
+        for spec in node.instances
+        if spec.engine is None
     }
     out = []
     for site in sorted(sites):
