@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from catsproto.adapters.cli_args import seconds
+from catsproto.adapters.cli_args import seconds, whole_number
 from catsproto.commands import UsageError
 
 LAB_DIR = Path(__file__).resolve().parent.parent.parent / "lab"
@@ -129,8 +129,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("--seal needs the namespaced lab (root, not --embedded)")
     if args.engine and (embedded_mode or args.no_feed):
         raise UsageError("--engine needs the namespaced lab (root, not --embedded) and its feed")
-    if args.engine_sites and not args.engine:
-        raise UsageError("--engine-sites goes with --engine")
+    if (args.engine_sites or args.engine_blocks) and not args.engine:
+        raise UsageError("--engine-sites and --engine-blocks go with --engine")
     try:
         if embedded_mode:
             root = _root(args) if args.root else LOOPBACK_ROOT
@@ -152,6 +152,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 seal=args.seal,
                 engine=args.engine,
                 engine_sites=args.engine_sites or runner.DEFAULT_ENGINE_SITES,
+                engine_blocks=args.engine_blocks,
             )
     except (TopologyError, LabError) as exc:  # e.g. a topology the loopback mode cannot run
         raise UsageError(f"{path.name}: {exc}") from None
@@ -736,6 +737,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N,N",
         help="sites whose first instance is a real engine (default 2,3: two engines fit "
         "two cores and a few GiB)",
+    )
+    p.add_argument(
+        "--engine-blocks",
+        type=whole_number(32),
+        default=None,
+        metavar="N",
+        help="KV cache of each engine, in 32-token blocks (default 512: 16,384 tokens, "
+        "small enough that evictions come soon)",
     )
     common(
         p,

@@ -45,6 +45,9 @@ ENGINE_CS_ID = 200  # the service the lab's engines serve (the modelled ones ser
 # the tiny model of lab/engine/tiny-llama: 2 layers, 4 KV heads of 32, bf16
 TINY_SHAPE = (2, 4, 32, 2)
 ENGINE_PREFILL_TPS = 4_000.0  # until the engine has prefilled enough to measure it
+# a real cache evicts under load within a second: its C-SMA may advertise four times a
+# second (the modelled instances' lab default is once), so fewer hits are claimed stale
+ENGINE_MIN_INTERVAL_MS = 250
 DOWN_AFTER = 3  # failed health probes in a row before the routes are withdrawn
 PROBE_S = 1.0
 

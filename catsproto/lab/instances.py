@@ -464,7 +464,7 @@ def serve(
     With `group_keys` every route's cache section is sealed under them. An instance
     named in `engines` is a real engine the runner started: its C-SMA runs here
     (`EngineCsma`), and `ready` is written once every engine answers."""
-    from catsproto.lab.engine_site import EngineCsma
+    from catsproto.lab.engine_site import ENGINE_MIN_INTERVAL_MS, EngineCsma
 
     engines = engines or {}
     instances: list[ServedInstance] = []
@@ -481,7 +481,7 @@ def serve(
                         lab_key(topology, spec.name),
                         secret=DEMO_SECRET,
                         secret_id=DEMO_SECRET_ID,
-                        min_interval_ms=int(interval * 1000),
+                        min_interval_ms=ENGINE_MIN_INTERVAL_MS,
                         max_message=max_message,
                         as_path_hops=PATH_MARGIN_HOPS,
                         reserve_bytes=384 + BIRD_RESERVE,

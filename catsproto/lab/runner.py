@@ -313,6 +313,7 @@ def up(
     seal: bool = False,
     engine: str | None = None,
     engine_sites: tuple[int, ...] = DEFAULT_ENGINE_SITES,
+    engine_blocks: int | None = None,
 ) -> Lab:
     """Build the lab and start its daemons; on any failure tear down what exists.
     `seal`: the instances seal their cache sections under the lab's group key and the
@@ -325,6 +326,8 @@ def up(
     topology = load(topology_path)
     handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
     handle.state.info["sealed"] = seal
+    if engine_blocks is not None:
+        handle.state.info["engine_blocks"] = engine_blocks
     lab = Lab(topology, handle, str(topology_path))
     with noting_interrupts() as interrupted:
         try:
@@ -509,7 +512,7 @@ def start_engines(lab: Lab) -> dict[str, Path]:
     """Start a real engine for every instance the topology says is one, in its egress's
     namespace on the instance's own address (each bound to one core of its own, in
     turn); returns egress node -> the engines file its instances process reads."""
-    from catsproto.lab.engine import EngineSpec, check_installed
+    from catsproto.lab.engine import ENGINE_KV_BLOCKS, EngineSpec, check_installed
     from catsproto.lab.engine_site import EngineSite
 
     wanted = [
@@ -524,9 +527,10 @@ def start_engines(lab: Lab) -> dict[str, Path]:
         raise LabError("real engines need the namespaced lab (root, not --embedded)")
     python = check_installed()
     cores = os.cpu_count() or 1
+    blocks = int(lab.handle.state.info.get("engine_blocks", ENGINE_KV_BLOCKS))
     files: dict[str, list[dict[str, Any]]] = {}
     for i, (node, inst) in enumerate(wanted):
-        engine = EngineSpec(host=str(inst.address), cpu=str(i % cores))
+        engine = EngineSpec(host=str(inst.address), cpu=str(i % cores), num_gpu_blocks=blocks)
         proc = lab.handle.start(node, f"engine-{inst.name}", engine.argv(python), env=engine.env())
         site = EngineSite(inst, engine).to_json()
         site["log"] = proc.log
