@@ -10,7 +10,6 @@ import urllib.request
 import pytest
 
 from catsproto.adapters.tokenizer import PromptError, PromptTokenizer
-from tests.conftest_engine_dev import vllm_engine  # noqa: F401  (the fixture)
 
 PROMPTS = [
     "Hello KV",
@@ -59,12 +58,12 @@ def engine_tokens(engine, body: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(vllm_engine):  # noqa: F811
+def tokenizer(vllm_engine):
     return PromptTokenizer(vllm_engine.model_dir)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=range(len(PROMPTS)))
-def test_text_prompts_tokenize_as_the_engine_does(vllm_engine, tokenizer, prompt):  # noqa: F811
+def test_text_prompts_tokenize_as_the_engine_does(vllm_engine, tokenizer, prompt):
     ours = tokenizer.completion_ids(prompt)
     assert ours == engine_tokens(vllm_engine, {"prompt": prompt})
     assert tokenizer.completion_ids([prompt]) == ours  # a batch of one
@@ -73,7 +72,7 @@ def test_text_prompts_tokenize_as_the_engine_does(vllm_engine, tokenizer, prompt
 @pytest.mark.parametrize("chat", CHATS, ids=range(len(CHATS)))
 @pytest.mark.parametrize("generation_prompt", [True, False])
 def test_chats_render_and_tokenize_as_the_engine_does(
-    vllm_engine,  # noqa: F811
+    vllm_engine,
     tokenizer,
     chat,
     generation_prompt,
@@ -85,7 +84,7 @@ def test_chats_render_and_tokenize_as_the_engine_does(
     assert ours == theirs and ours
 
 
-def test_continue_final_message_cuts_where_the_engine_does(vllm_engine, tokenizer):  # noqa: F811
+def test_continue_final_message_cuts_where_the_engine_does(vllm_engine, tokenizer):
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
     options = {"add_generation_prompt": False, "continue_final_message": True}
     assert tokenizer.chat_ids(chat, **options) == engine_tokens(
@@ -142,7 +141,7 @@ def test_bad_chats_are_refused_with_the_field(tokenizer, messages, words):
     assert exc.value.param == "messages"
 
 
-def test_the_engine_refuses_what_the_tokenizer_refuses(vllm_engine):  # noqa: F811
+def test_the_engine_refuses_what_the_tokenizer_refuses(vllm_engine):
     """An image part: refused here, and by the text-only engine too (no silent skew)."""
     chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     with pytest.raises(urllib.error.HTTPError) as exc:
