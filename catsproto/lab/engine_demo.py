@@ -38,15 +38,18 @@ from catsproto.lab.engine_site import ENGINE_CS_ID
 from catsproto.lab.errors import LabError
 from catsproto.lab.instances import DEMO_SECRET
 
-TURN_LINES = 150  # about 2,500 tokens of text per conversation's first turn
+TURN_TOKENS = 2_400  # a first turn this long: prefill counts, and a second turn still fits
 
 
-def conversation(topic: str) -> str:
-    """Turn 1 of a made-up conversation about `topic` (long enough to make prefill count)."""
+def conversation(topic: str, tokenizer: Any, tokens: int = TURN_TOKENS) -> str:
+    """Turn 1 of a made-up conversation about `topic`: notes added until the text is at
+    least `tokens` tokens long (the model takes 4,096 in all)."""
     lines = [f"The notes on {topic}: where is the cache, and what does it cost?"]
-    lines += [
-        f"Note {i} on {topic}: the prefix was computed at one site." for i in range(TURN_LINES)
-    ]
+    while len(tokenizer.completion_ids("\n".join(lines))) < tokens:
+        n = len(lines)
+        lines += [
+            f"Note {n + i} on {topic}: the prefix was computed at one site." for i in range(9)
+        ]
     return "\n".join(lines)
 
 
@@ -152,7 +155,7 @@ class EngineDemo:
         """The three steps; one table row per request."""
         rows = []
         tag = os.urandom(3).hex()
-        first = conversation(f"topic {tag}-a")
+        first = conversation(f"topic {tag}-a", self.tokenizer)
         a1 = self.via_ingress(first)
         holder = a1["decision"]["x-catsproto-instance"]
         rows.append(_row("turn 1, catsproto", a1))
@@ -160,7 +163,7 @@ class EngineDemo:
         a2 = self.via_ingress(first + "\nAnd the second question?")
         rows.append(_row(f"turn 2, catsproto ({waited:.1f} s later)", a2))
         far = self.by_distance()[-1]
-        other = conversation(f"topic {tag}-b")
+        other = conversation(f"topic {tag}-b", self.tokenizer)
         b1 = self.direct(far, other)
         rows.append(_row(f"turn 1 sent to {far} directly", b1, where=far))
         self.wait_advertised(far, other)
