@@ -146,6 +146,24 @@ def c_sma(engine, rib: RibWriter) -> NodeAgent:
     ).start()
 
 
+def read_request(conn: socket.socket) -> bytes:
+    """One HTTP request off `conn` (head and a Content-Length body); its body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return body
+
+
 class DyingEngine:
     """A peer that answers like an engine, then dies mid-answer: a stream's head and one
     event, or a JSON answer's head and ten of its bytes, then the connection is cut."""
@@ -169,19 +187,7 @@ class DyingEngine:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                while len(body) < length:
-                    body += conn.recv(65536)
+                body = read_request(conn)
                 if json.loads(body).get("stream"):
                     chunk = b"%x\r\n%s\r\n" % (len(self.STREAM_EVENT), self.STREAM_EVENT)
                     conn.sendall(
@@ -226,19 +232,7 @@ class PacedEngine:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                while len(body) < length:
-                    body += conn.recv(65536)
+                read_request(conn)
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"transfer-encoding: chunked\r\n\r\n" + self._chunk(self.EVENT)
