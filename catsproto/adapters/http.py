@@ -219,11 +219,9 @@ class BodyError(Exception):
         self.status = status
 
 
-def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -> object:
-    """The request's JSON body (None when empty), read by its Content-Length, which must
-    be a decimal count within `max_bytes`; a body that is short (the read times out),
-    not UTF-8, not JSON or nested deeper than the parser's recursion limit raises
-    `BodyError`, never anything else."""
+def read_body_bytes(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -> bytes:
+    """The request's body by its Content-Length (none: empty), which must be a decimal
+    count within `max_bytes`; a short body (the read times out) raises `BodyError`."""
     raw_length = handler.headers.get("Content-Length", "0").strip()
     if not raw_length.isdigit():
         raise BodyError(400, f"Content-Length {raw_length[:40]!r} is not a byte count")
@@ -236,6 +234,47 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -
         raise BodyError(408, f"body: {length} bytes announced, not sent in time") from None
     if len(raw) < length:
         raise BodyError(400, f"body: {length} bytes announced, {len(raw)} sent")
+    return raw
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """What the project's HTTP faces share: HTTP/1.1 keep-alive without the delayed-ACK
+    stall, no access log, and one send for a reply's head and body."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        # head and body in one send (end_headers would send the head alone first)
+        self._headers_buffer.extend((b"\r\n", body))  # type: ignore[attr-defined]
+        self.flush_headers()
+
+    def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        from catsproto.adapters.strict_json import json_body
+
+        self._send(status, json_body(obj), headers=headers)
+
+
+def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -> object:
+    """The request's JSON body (None when empty), read by its Content-Length, which must
+    be a decimal count within `max_bytes`; a body that is short (the read times out),
+    not UTF-8, not JSON or nested deeper than the parser's recursion limit raises
+    `BodyError`, never anything else."""
+    raw = read_body_bytes(handler, max_bytes)
     if not raw:
         return None
     try:

@@ -21,15 +21,16 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 from catsproto.adapters.http import (
     READ_TIMEOUT_S,
     UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
     BodyError,
+    JsonHandler,
     bearer_authorised,
     bearer_challenge,
+    read_body_bytes,
 )
 from catsproto.adapters.ingress import (
     CHAT,
@@ -116,19 +117,7 @@ def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
         if handler.headers.get("Transfer-Encoding"):
             raise BodyError(411, "send the body with a Content-Length (no chunked bodies)")
         raise BodyError(400, "a JSON body is required")
-    raw_length = handler.headers.get("Content-Length", "").strip()
-    if not raw_length.isdigit():
-        raise BodyError(400, f"Content-Length {raw_length[:40]!r} is not a byte count")
-    length = int(raw_length)
-    if length > max_bytes:
-        raise BodyError(413, f"body of {length} bytes is over the {max_bytes}-byte limit")
-    try:
-        raw = handler.rfile.read(length)
-    except TimeoutError:
-        raise BodyError(408, f"body: {length} bytes announced, not sent in time") from None
-    if len(raw) < length:
-        raise BodyError(400, f"body: {length} bytes announced, {len(raw)} sent")
-    return raw
+    return read_body_bytes(handler, max_bytes)
 
 
 class _UpstreamFailed(Exception):
@@ -148,29 +137,8 @@ def _handler(
 ) -> type[BaseHTTPRequestHandler]:
     full = api_token is not None
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
+    class Handler(JsonHandler):
         timeout = read_timeout
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-        def _send(
-            self,
-            status: int,
-            body: bytes,
-            content_type: str = "application/json",
-            headers: dict[str, str] | None = None,
-        ) -> None:
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            # head and body in one send (end_headers would send the head alone first)
-            self._headers_buffer.extend((b"\r\n", body))  # type: ignore[attr-defined]
-            self.flush_headers()
 
         def _error(self, exc: IngressError, headers: dict[str, str] | None = None) -> None:
             self._send(exc.status, json_body(exc.to_json()), headers=headers)

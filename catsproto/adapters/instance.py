@@ -77,6 +77,7 @@ from catsproto.adapters.http import (
     UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
     BodyError,
+    JsonHandler,
     bearer_authorised,
     bearer_challenge,
     read_json_body,
@@ -89,7 +90,6 @@ from catsproto.adapters.metrics import (
     node_registry,
     render,
 )
-from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.vllm_events import (
     RankEndpoint,
     VllmEventPublisher,
@@ -849,31 +849,7 @@ class InstanceServer(BackgroundHTTPServer):
 def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
     token = server.api_token
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # no delayed-ACK stall on keep-alive replies
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            return
-
-        def _send(
-            self,
-            status: int,
-            body: bytes,
-            ctype: str = "application/json",
-            headers: dict[str, str] | None = None,
-        ) -> None:
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-            self._send(status, json_body(obj), headers=headers)
-
+    class Handler(JsonHandler):
         def _refused(self) -> bool:
             """With a token configured, answer 401 to a caller without it (counted; any
             body is left unread and the connection closed) and return True."""

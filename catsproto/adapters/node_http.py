@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from catsproto.adapters.http import (
     UNAUTHORISED_ERROR,
     BackgroundHTTPServer,
+    JsonHandler,
     bearer_authorised,
     bearer_challenge,
 )
 from catsproto.adapters.metrics import CONTENT_TYPE
-from catsproto.adapters.strict_json import json_body
 
 if TYPE_CHECKING:
     from catsproto.adapters.instance import NodeAgent
@@ -95,30 +95,7 @@ class NodeServer(BackgroundHTTPServer):
 def _handler(server: NodeServer) -> type[BaseHTTPRequestHandler]:
     token = server.api_token
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            return
-
-        def _send(
-            self,
-            status: int,
-            body: bytes,
-            ctype: str = "application/json",
-            headers: dict[str, str] | None = None,
-        ) -> None:
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-            self._send(status, json_body(obj), headers=headers)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._json(200, server.health())
