@@ -180,13 +180,22 @@ def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
     ]
     if instances_token_file(lab).exists():
         argv += ["--instance-token-file", str(instances_token_file(lab))]
-    proc = lab.handle.start(ingress, "steering", argv)
     url = f"http://{address}:{STEERING_PORT}"
-    lab.handle.state.info["steering"] = {"url": url, "token_file": str(token)}
+    return _start_api(lab, "steering", argv, ready, url, token, timeout)
+
+
+def _start_api(
+    lab: Lab, name: str, argv: list[str], ready: Path, url: str, token: Path, timeout: float
+) -> netns.Process:
+    """Run an API of the ingress node (`argv` writes `ready` once it listens), note its
+    URL and token file in the lab's state, and wait for it; a LabError with its log's
+    tail if it dies first."""
+    proc = lab.handle.start(ingress_node(lab.topology), name, argv)
+    lab.handle.state.info[name] = {"url": url, "token_file": str(token)}
     lab.handle.save()
-    lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "steering API")
+    lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, name)
     if not ready.exists():
-        raise LabError(f"steering API died: {Path(proc.log).read_text()[-2000:]}")
+        raise LabError(f"{name} died: {Path(proc.log).read_text()[-2000:]}")
     return proc
 
 
@@ -242,14 +251,8 @@ def start_ingress(lab: Lab, timeout: float = 30.0) -> netns.Process:
         "--ready",
         str(ready),
     ]
-    proc = lab.handle.start(ingress, "ingress", argv)
     url = f"http://{address}:{INGRESS_PORT}"
-    lab.handle.state.info["ingress"] = {"url": url, "token_file": str(token)}
-    lab.handle.save()
-    lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, "ingress")
-    if not ready.exists():
-        raise LabError(f"ingress died: {Path(proc.log).read_text()[-2000:]}")
-    return proc
+    return _start_api(lab, "ingress", argv, ready, url, token, timeout)
 
 
 def run_client(lab: Lab, argv: list[str], timeout: float = 120.0) -> dict[str, Any]:
