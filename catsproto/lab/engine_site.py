@@ -19,7 +19,6 @@ the withdrawals. When the engine answers again the builder sends everything afre
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec, healthy
+from catsproto.lab.instances import sealed
 from catsproto.lab.topology import InstanceSpec
 from catsproto.node import (
     BuilderConfig,
@@ -169,12 +169,9 @@ class EngineCsma:
         with self._lock:
             if not self.up:
                 return  # an engine not (or no longer) answering is not advertised
-            for r in routes:
-                adv = r.advertisement
-                if self.group_keys is not None:
-                    adv = security.seal(adv, self.group_keys, os.urandom(12))
-                signed = security.sign(adv, self.signer, r.prefix)
-                self.spool.publish(r.prefix, wire.encode(signed))
+            for r in routes:  # as a modelled instance's: sealed (if the lab is), signed
+                adv = security.sign(sealed(r.advertisement, self.group_keys), self.signer, r.prefix)
+                self.spool.publish(r.prefix, wire.encode(adv))
                 self.published.add(r.prefix)
 
     def _withdraw_all(self) -> None:
