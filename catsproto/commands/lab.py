@@ -724,7 +724,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--engine",
         choices=["vllm"],
-        help="real engines: `vllm serve` (the tiny model of lab/engine, from .venv-engine) "
+        help="real engines: vLLM's OpenAI server (the tiny model of lab/engine, .venv-engine) "
         "serves the first instance of each --engine-sites site (service 200, model "
         "catsproto-tiny), fed to its C-SMA by its own KV events; the ingress at the "
         "selector serves OpenAI's API for it (docs/engine.md). Namespaced lab only; "
