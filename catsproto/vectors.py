@@ -208,6 +208,15 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         254,
     ),
     (
+        # the header's 4 and 61 empty TLVs of unassigned types 256-316: the 65th (type
+        # 316, at 51 + 60 * 4) is one too many however small; the walk stops there
+        "too-many-tlvs",
+        HEADER + "".join(f" {t:04x} 0000" for t in range(256, 317)),
+        wire.BadLengthError,
+        51 + 60 * 4,
+        316,
+    ),
+    (
         "ed25519-signature-short",
         HEADER + " 00ff 0042 01 01 61 " + "ab" * 63,
         wire.BadLengthError,

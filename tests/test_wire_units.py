@@ -157,3 +157,34 @@ def test_an_unknown_summary_kind_is_kept_and_skippable():
     assert back.cache_summaries.entries[1].kind == 200
     assert back.to_json()["cache-summaries"][1]["kind"] == 200
     assert wire.encode(wire.Advertisement.from_json(back.to_json())) == data
+
+
+def test_a_value_holds_at_most_max_tlvs_both_ways():
+    """Framing rule 7: 64 TLVs decode and encode back; a 65th, however small, is refused
+    by the decoder at its header (both decoders) and by the encoder's constructor."""
+    base = examples()[0].advertisement
+    room = wire.MAX_TLVS - len(base.tlvs)
+    fill = [wire.UnknownTLV(0x1000 + i, b"") for i in range(room)]
+    full = base.replace(*fill)
+    assert len(full.tlvs) == wire.MAX_TLVS
+    assert wire.decode(wire.encode(full)) == full
+    with pytest.raises(wire.BadLengthError, match="at most 64"):
+        base.replace(*fill, wire.UnknownTLV(0x2000, b""))
+    over = wire.encode(full) + bytes.fromhex("2000 0000")
+    for decode in (wire.decode, lambda b: wire.decode_from(Reader(b))):
+        with pytest.raises(wire.BadLengthError) as info:
+            decode(over)
+        assert (info.value.offset, info.value.tlv_type) == (len(over) - 4, 0x2000)
+        assert wire.error_action(info.value) is wire.ErrorAction.TREAT_AS_WITHDRAW
+
+
+def test_the_header_walk_stops_at_the_65th_tlv():
+    """A 64 KiB value of 16,000 empty TLVs is refused at TLV 65: the decoder never
+    reaches the rest (a later framing error there is not what it reports)."""
+    base = wire.encode(examples()[0].advertisement)
+    n = len(wire.decode(base).tlvs)
+    body = b"".join((0x1000 + i).to_bytes(2, "big") + b"\0\0" for i in range(16_000 - n))
+    junk = body[:-4] + b"\xff"  # a truncated last header, far past TLV 65
+    with pytest.raises(wire.BadLengthError) as info:
+        wire.decode(base + junk)
+    assert info.value.offset == len(base) + 4 * (wire.MAX_TLVS - n)

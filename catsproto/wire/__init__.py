@@ -30,6 +30,7 @@ from catsproto.wire.codes import (
     DEFAULT_ATTRIBUTE_TYPE,
     FORMAT_VERSION,
     L0_METRIC_NAMES,
+    MAX_TLVS,
     AeadAlgorithm,
     KeyScheme,
     L0MetricType,

@@ -14,7 +14,7 @@ import struct
 from typing import TypeVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
+from catsproto.wire.codes import MANDATORY_TYPES, MAX_TLVS, tlv_name
 from catsproto.wire.compiled import Fallback
 from catsproto.wire.errors import BadLengthError, BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON
@@ -46,6 +46,10 @@ class Advertisement:
     tlvs: tuple[AnyTLV, ...]
 
     def __post_init__(self) -> None:
+        if len(self.tlvs) > MAX_TLVS:
+            raise BadLengthError(
+                f"{len(self.tlvs)} TLVs: an advertisement holds at most {MAX_TLVS}"
+            )
         for i in range(1, len(self.tlvs)):
             if self.tlvs[i - 1].type >= self.tlvs[i].type:
                 raise NonCanonicalError(
@@ -234,7 +238,7 @@ def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Adv
         compiled, header = registry.compiled.get, _TLV_HEADER.unpack_from
         new, setattr_ = object.__new__, object.__setattr__
         while pos < end:
-            if end - pos < 4:
+            if end - pos < 4 or len(tlvs) == MAX_TLVS:
                 raise Fallback
             tlv_type, length = header(data, pos)
             pos += 4

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from catsproto.wire.buffer import Reader, Writer
-from catsproto.wire.codes import MANDATORY_TYPES, tlv_name
+from catsproto.wire.codes import MANDATORY_TYPES, MAX_TLVS, tlv_name
 from catsproto.wire.compiled import SequenceDecoder, compile_sequence, compile_tlv_value
 from catsproto.wire.errors import BadLengthError, BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON, Record
@@ -151,6 +151,12 @@ class Registry:
                 tlv_type = r.u16("TLV type")
                 length = r.u16("TLV length")
                 inner = r.window(length, "TLV value", tlv_type)
+                if len(spans) == MAX_TLVS:
+                    raise BadLengthError(
+                        f"one TLV more than the {MAX_TLVS} a value may hold",
+                        at,
+                        tlv_type,
+                    )
                 spans.append((tlv_type, length, inner))
                 if tlv_type <= previous:
                     rule = "repeats" if tlv_type == previous else "comes after"

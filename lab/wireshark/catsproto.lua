@@ -429,15 +429,21 @@ local function run(tvb, tree, prefix, layout, pos, stop)
 end
 
 local MANDATORY = { 1, 2, 3, 4 }
+local MAX_TLVS = 64  -- a value holds at most this many (the draft's framing rule 7)
 
 local function dissect_value(tvb, tree, pos, stop)
-  local previous, seen = -1, {}
+  local previous, seen, count = -1, {}, 0
   while pos < stop do
     if pos + 4 > stop then
       tree:add_proto_expert_info(e_overrun, "truncated TLV header")
       return
     end
     local t, n = tvb(pos, 2):uint(), tvb(pos + 2, 2):uint()
+    count = count + 1
+    if count > MAX_TLVS then
+      refuse(tree, "type %d is one TLV more than the %d a value may hold", t, MAX_TLVS)
+      return
+    end
     local tlv_stop = pos + 4 + n
     local tlv = tree:add(F.tlv, tvb(pos, math.min(4 + n, stop - pos)))
     tlv:set_text(string.format("TLV %s (%d), %d bytes", TLV_NAMES[t] or "unknown", t, n))
