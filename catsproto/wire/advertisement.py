@@ -18,7 +18,7 @@ from catsproto.wire.codes import MANDATORY_TYPES, MAX_TLVS, tlv_name
 from catsproto.wire.compiled import Fallback
 from catsproto.wire.errors import BadLengthError, BadValueError, CodecError, NonCanonicalError
 from catsproto.wire.fields import JSON
-from catsproto.wire.tlv import TLV, AnyTLV, Registry, UnknownTLV
+from catsproto.wire.tlv import TLV, AnyTLV, Registry, UnknownTLV, too_many_tlvs
 from catsproto.wire.tlvs import (
     DEFAULT_REGISTRY,
     MANDATORY,
@@ -224,6 +224,14 @@ _TLV_HEADER = struct.Struct(">HH")
 _FALLBACK = (Fallback, CodecError, ValueError, KeyError, IndexError, struct.error)
 
 
+class _Decided(Exception):  # not an error of its own: it carries one
+    """The compiled decoder's verdict on a value the reference decoder would refuse with
+    the very same error (`error`), raised without asking it."""
+
+    def __init__(self, error: CodecError) -> None:
+        self.error = error
+
+
 def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Advertisement:
     """The TLVs of `data[pos:end]` through the compiled decoders; raises Fallback (or
     what `_FALLBACK` names) on anything the reference decoder must look at.
@@ -238,12 +246,17 @@ def _decode_compiled(data: bytes, pos: int, end: int, registry: Registry) -> Adv
         compiled, header = registry.compiled.get, _TLV_HEADER.unpack_from
         new, setattr_ = object.__new__, object.__setattr__
         while pos < end:
-            if end - pos < 4 or len(tlvs) == MAX_TLVS:
+            if end - pos < 4:
                 raise Fallback
             tlv_type, length = header(data, pos)
             pos += 4
             stop = pos + length
-            if stop > end or tlv_type <= previous:
+            if stop > end:
+                raise Fallback
+            if len(tlvs) == MAX_TLVS:
+                # the reference decoder's error too, as every TLV before is well formed
+                raise _Decided(too_many_tlvs(pos - 4, tlv_type).as_framing())
+            if tlv_type <= previous:
                 raise Fallback
             previous = tlv_type
             if tlv_type in MANDATORY_TYPES:
@@ -272,6 +285,8 @@ def decode_window(
     they do not accept, so errors are always the reference's."""
     try:
         return _decode_compiled(data, start, end, registry)
+    except _Decided as verdict:
+        raise verdict.error from None
     except _FALLBACK:
         return decode_from(Reader(data, start, end), registry)
 

@@ -87,6 +87,11 @@ class UnknownTLV:
 AnyTLV = TLV | UnknownTLV
 
 
+def too_many_tlvs(at: int, tlv_type: int) -> BadLengthError:
+    """The error of a value's 65th TLV (framing rule 7), whose header is at `at`."""
+    return BadLengthError(f"one TLV more than the {MAX_TLVS} a value may hold", at, tlv_type)
+
+
 class Registry:
     """Type code → TLV class. Immutable once built; `extended` returns a new one.
 
@@ -152,11 +157,7 @@ class Registry:
                 length = r.u16("TLV length")
                 inner = r.window(length, "TLV value", tlv_type)
                 if len(spans) == MAX_TLVS:
-                    raise BadLengthError(
-                        f"one TLV more than the {MAX_TLVS} a value may hold",
-                        at,
-                        tlv_type,
-                    )
+                    raise too_many_tlvs(at, tlv_type)
                 spans.append((tlv_type, length, inner))
                 if tlv_type <= previous:
                     rule = "repeats" if tlv_type == previous else "comes after"
