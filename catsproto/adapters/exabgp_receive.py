@@ -58,6 +58,19 @@ class Announced:
 
 
 @dataclasses.dataclass(frozen=True)
+class AnnouncedMany:
+    """The routes of one UPDATE, which share its one attribute value: ExaBGP's nlri text,
+    unparsed. `CacheRib` judges the value once for all of them."""
+
+    peer: str
+    nlri: tuple[str, ...]
+    flags: int | None
+    value: bytes | None
+    as_path: tuple[int, ...] = ()
+    malformed: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Withdrawn:
     peer: str
     prefix: Prefix
@@ -85,7 +98,7 @@ class Unusable:
     reason: str
 
 
-Event = Announced | Withdrawn | EndOfRib | Session | Unusable
+Event = Announced | AnnouncedMany | Withdrawn | EndOfRib | Session | Unusable
 
 
 # NOTIFICATION error code 4 is Hold Timer Expired (RFC 4271 section 4.5); ExaBGP reports
@@ -163,12 +176,23 @@ def parse_message(obj: dict[str, Any], type_code: int = DEFAULT_ATTRIBUTE_TYPE) 
     flags, value = found if found else (None, None)
     as_path = as_path_of(attributes)
 
-    def announced(prefix: Prefix) -> Event:
-        return Announced(peer, prefix, flags, value, as_path, malformed)
-
+    texts: list[str] = []
     for by_next_hop in (update.get("announce") or {}).values():
         for routes in by_next_hop.values():
-            events.extend(_routes(peer, routes, announced))
+            for route in routes:
+                nlri = route.get("nlri") if isinstance(route, dict) else None
+                if isinstance(nlri, str):
+                    texts.append(nlri)
+                else:
+                    events.append(Unusable(peer, f"route {_shown(route)} has no nlri string"))
+    if len(texts) == 1:
+
+        def announced(prefix: Prefix) -> Event:
+            return Announced(peer, prefix, flags, value, as_path, malformed)
+
+        events.extend(_routes(peer, [{"nlri": texts[0]}], announced))
+    elif texts:
+        events.append(AnnouncedMany(peer, tuple(texts), flags, value, as_path, malformed))
     return events
 
 
@@ -334,6 +358,12 @@ class TrustFileVerifier:
             self.loads += 1
         return self._receiver
 
+    @property
+    def verifying(self) -> bool:
+        """False only while an optional trust file is absent (values accepted unverified)."""
+        self._current()
+        return not self._absent
+
     def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification:
         from catsproto.security import Reason
 
@@ -438,6 +468,8 @@ class Change:
     # an accept of the very value (and flags, AS path) the route already carried: BGP
     # re-sends UPDATEs; the event log then leaves the value's hex out
     unchanged: bool = False
+    # one line for this many routes of one UPDATE that had no state (`prefix` is None)
+    routes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "peer": self.peer}
@@ -449,6 +481,8 @@ class Change:
                 del out["entry"]["value"]
                 out["entry"].pop("opened_value", None)
                 out["unchanged"] = True
+        if self.routes:
+            out["routes"] = self.routes
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -466,6 +500,15 @@ class CacheRib:
     stale: dict[tuple[str, Prefix], float] = dataclasses.field(default_factory=dict)
     # what was dropped, refused or left unread, by kind (in the snapshot): `COUNTERS`
     counters: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    # (peer, nlri as text) of every route ever accepted -> its key: an UPDATE's routes are
+    # found by ExaBGP's text without parsing each (it writes prefixes in canonical form)
+    _keys: dict[tuple[str, str], tuple[str, Prefix]] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+    # the last value decoded and what came of it: one UPDATE's routes share one value
+    _decoded: tuple[bytes, wire.Advertisement | wire.CodecError] | None = dataclasses.field(
+        default=None, repr=False
+    )
 
     def apply(self, event: Event, now: float) -> list[Change]:
         changes = self.expire(now)
@@ -497,7 +540,89 @@ class CacheRib:
             return changes
         if isinstance(event, EndOfRib):
             return changes + self._drop_stale(lambda k: k[0] == event.peer, "not resent by EoR")
+        if isinstance(event, AnnouncedMany):
+            return changes + self._apply_many(event, now)
         return changes + self._apply_route(event, now)
+
+    def _decode(self, value: bytes) -> wire.Advertisement:
+        """`wire.decode(value)`, once for the routes of one UPDATE (the same bytes object)."""
+        memo = self._decoded
+        if memo is None or memo[0] is not value:
+            try:
+                memo = (value, wire.decode(value))
+            except wire.CodecError as exc:
+                memo = (value, exc)
+            self._decoded = memo
+        if isinstance(memo[1], wire.CodecError):
+            raise memo[1]
+        return memo[1]
+
+    def _verifying(self) -> bool:
+        return self.verifier is not None and bool(getattr(self.verifier, "verifying", True))
+
+    def _refusal(self, event: Announced | AnnouncedMany) -> str:
+        """Why the value of an announcement is malformed, or "" (RFC 7606, once)."""
+        if event.malformed:
+            return f"malformed: {event.malformed}"
+        wanted = wire.FLAG_OPTIONAL | wire.FLAG_TRANSITIVE
+        if event.flags is not None and event.flags & wanted != wanted:
+            return (
+                f"malformed: attribute flags {event.flags:#04x} "
+                f"lack optional+transitive ({wanted:#04x})"
+            )
+        assert event.value is not None
+        try:
+            self._decode(event.value)
+        except wire.CodecError as exc:
+            return f"malformed ({wire.error_action(exc).name.lower()}): {exc}"
+        return ""
+
+    def _apply_many(self, event: AnnouncedMany, now: float) -> list[Change]:
+        """The routes of one UPDATE: the value judged once. A signature covers one route,
+        so a verifying receiver refuses a value found on several (the draft's Verification
+        section) without checking it; without verification each route keeps it as one
+        announced alone would."""
+        n = len(event.nlri)
+        if event.value is None and not event.malformed:
+            return self._drop_many(event, "ignore", "no cache attribute")
+        reason = self._refusal(event)
+        if not reason and self._verifying():
+            reason = (
+                f"not verified: not-authorised: one value on {n} routes of one UPDATE "
+                "(a signature covers one route)"
+            )
+        if reason:
+            self.counters["not_verified" if reason.startswith("not verified") else "malformed"] += n
+            return self._drop_many(event, "treat-as-withdraw", reason)
+
+        def announced(prefix: Prefix) -> Event:
+            return Announced(
+                event.peer, prefix, event.flags, event.value, event.as_path, event.malformed
+            )
+
+        out: list[Change] = []
+        for one in _routes(event.peer, [{"nlri": t} for t in event.nlri], announced):
+            out.extend(self.apply(one, now))
+        return out
+
+    def _drop_many(self, event: AnnouncedMany, kind: str, reason: str) -> list[Change]:
+        """Remove what the routes of `event` carried: a line per route that had state (the
+        RIB's consumers need its prefix), one line for all those that had none."""
+        out: list[Change] = []
+        quiet = 0
+        for text in event.nlri:
+            key = self._keys.get((event.peer, text))
+            had = None
+            if key is not None:
+                self.stale.pop(key, None)
+                had = self.entries.pop(key, None)
+            if had is None:
+                quiet += 1
+                continue
+            out.append(Change(kind, event.peer, had.prefix, had, reason))
+        if quiet:
+            out.append(Change(kind, event.peer, reason=reason, routes=quiet))
+        return out
 
     def expire(self, now: float) -> list[Change]:
         """Drop stale routes whose restart time ran out (their peer never came back)."""
@@ -517,23 +642,14 @@ class CacheRib:
         if isinstance(event, Withdrawn):
             had = self.entries.pop(key, None)
             return [Change("withdraw", event.peer, event.prefix, had, "withdrawn")]
-        if event.malformed:
-            return self._refuse(key, f"malformed: {event.malformed}")
-        if event.value is None:
+        if event.value is None and not event.malformed:
             had = self.entries.pop(key, None)
             return [Change("ignore", event.peer, event.prefix, had, "no cache attribute")]
-        wanted = wire.FLAG_OPTIONAL | wire.FLAG_TRANSITIVE
-        if event.flags is not None and event.flags & wanted != wanted:
-            return self._refuse(
-                key,
-                f"malformed: attribute flags {event.flags:#04x} "
-                f"lack optional+transitive ({wanted:#04x})",
-            )
-        try:
-            adv = wire.decode(event.value)
-        except wire.CodecError as exc:
-            action = wire.error_action(exc)
-            return self._refuse(key, f"malformed ({action.name.lower()}): {exc}")
+        refusal = self._refusal(event)
+        if refusal:
+            return self._refuse(key, refusal)
+        assert event.value is not None
+        adv = self._decode(event.value)
         check = UNVERIFIED
         if self.verifier is not None:
             check = self.verifier(event.value, adv, event.prefix)
@@ -551,6 +667,7 @@ class CacheRib:
             check.opened,
         )
         had = self.entries.get(key)
+        self._keys[(event.peer, str(event.prefix))] = key
         unchanged = (
             had is not None
             and had.value == entry.value
