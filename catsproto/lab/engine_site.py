@@ -42,14 +42,28 @@ from catsproto.node import (
 from catsproto.wire import Tier
 
 ENGINE_CS_ID = 200  # the service the lab's engines serve (the modelled ones serve 100)
-# the tiny model of lab/engine/tiny-llama: 2 layers, 4 KV heads of 32, bf16
-TINY_SHAPE = (2, 4, 32, 2)
 ENGINE_PREFILL_TPS = 4_000.0  # until the engine has prefilled enough to measure it
 # a real cache evicts under load within a second: its C-SMA may advertise four times a
 # second (the modelled instances' lab default is once), so fewer hits are claimed stale
 ENGINE_MIN_INTERVAL_MS = 250
 DOWN_AFTER = 3  # failed health probes in a row before the routes are withdrawn
 PROBE_S = 1.0
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def model_shape(model_dir: Path, block_size: int) -> ModelShape:
+    """The KV block shape of the engine's model, from its Hugging Face `config.json`."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    return ModelShape(
+        layers=int(config["num_hidden_layers"]),
+        kv_heads=int(config.get("num_key_value_heads", heads)),
+        head_dim=int(config.get("head_dim", int(config["hidden_size"]) // heads)),
+        dtype_bytes=_DTYPE_BYTES[config.get("torch_dtype", "bfloat16")],
+        block_size=block_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,7 @@ class EngineCsma:
 
         engine, spec = self.engine, self.spec
         min_interval_ms, max_message, as_path_hops, reserve_bytes = self._limits
-        shape = ModelShape(*TINY_SHAPE, engine.block_size)
+        shape = model_shape(engine.model_dir, engine.block_size)
         return NodeAgent(
             BuilderConfig(
                 cs_id=ENGINE_CS_ID,
