@@ -105,10 +105,11 @@ def test_idle_busy_after_give_the_node_its_compute_state() -> None:
     assert rate.windows == 1  # no request finished between the two scrapes
     state = engine_compute_state(idle, busy, rate)
     assert (state.waiting, state.running) == (6, 2)
-    assert state.outstanding_prefill_tokens == round(6 * 33379 / 16) == 12517
+    # six waiting, and two running with half their prefill left
+    assert state.outstanding_prefill_tokens == round((6 + 2 / 2) * 33379 / 16) == 14603
     assert state.kv_utilisation == 0.37769080234833663
     assert state.utilisation == 1.0  # nothing finished, but two requests run
-    assert state.wait_ms == pytest.approx(1000 * 12517 / rate.tps)
+    assert state.wait_ms == pytest.approx(1000 * 14603 / rate.tps)
 
     rate = update_prefill_rate(rate, after, min_tokens=2048)
     assert rate.windows == 2
@@ -120,6 +121,20 @@ def test_idle_busy_after_give_the_node_its_compute_state() -> None:
     assert state.utilisation == 1.0
 
 
+def test_a_request_in_its_prefill_counts_as_half_a_request_still_to_prefill() -> None:
+    """One request running and none waiting is an engine busy for about half a prefill
+    more: the selector, which forgets the work it sent once a later advertisement comes,
+    must see it (it once saw an idle engine)."""
+    import dataclasses
+
+    idle = parse_metrics(IDLE)
+    rate = update_prefill_rate(PrefillRate(8000.0), idle, min_tokens=2048)
+    one = dataclasses.replace(idle, num_requests_running=1)
+    state = engine_compute_state(idle, one, rate)
+    assert state.outstanding_prefill_tokens == round(33379 / 16 / 2) == 1043
+    assert state.wait_ms > 0
+
+
 def test_a_window_too_small_keeps_the_configured_rate() -> None:
     idle = parse_metrics(IDLE)
     rate = update_prefill_rate(PrefillRate(8000.0), idle, min_tokens=40_000)
@@ -127,7 +142,7 @@ def test_a_window_too_small_keeps_the_configured_rate() -> None:
     # a waiting request is priced at the engine's lifetime mean until a window closes
     busy = parse_metrics(BUSY)
     state = engine_compute_state(idle, busy, rate)
-    assert state.outstanding_prefill_tokens == 12517 and state.prefill_rate_tps == 8000.0
+    assert state.outstanding_prefill_tokens == 14603 and state.prefill_rate_tps == 8000.0
 
 
 def test_the_utilisation_is_the_busy_time_between_two_scrapes() -> None:
@@ -366,7 +381,7 @@ def test_the_scraper_keeps_its_last_good_state_and_counts_failures(served: TextS
     served.body = BUSY.encode()
     assert scraper.scrape_once()
     busy = scraper.compute_state()
-    assert (busy.waiting, busy.running, busy.outstanding_prefill_tokens) == (6, 2, 12517)
+    assert (busy.waiting, busy.running, busy.outstanding_prefill_tokens) == (6, 2, 14603)
     for body in (b"garbage", without(BUSY, "vllm:cache_config_info").encode()):
         served.body = body
         assert not scraper.scrape_once()
@@ -375,7 +390,7 @@ def test_the_scraper_keeps_its_last_good_state_and_counts_failures(served: TextS
     assert (state["scrapes"], state["scrape_failures"]) == (2, 2)
     assert "missing vllm:cache_config_info" in state["last_error"]
     assert state["metrics"]["num_requests_waiting"] == 6
-    assert state["compute_state"]["outstanding_prefill_tokens"] == 12517
+    assert state["compute_state"]["outstanding_prefill_tokens"] == 14603
     served.body = IDLE.replace('block_size="32"', 'block_size="64"').encode()
     assert not scraper.scrape_once()
     assert "block size changed from 32 to 64" in scraper.last_error
@@ -383,7 +398,7 @@ def test_the_scraper_keeps_its_last_good_state_and_counts_failures(served: TextS
     assert 'catsproto_node_engine_scrapes_total{outcome="failed"} 3.0' in text
     assert 'catsproto_node_engine_scrapes_total{outcome="ok"} 2.0' in text
     assert 'catsproto_node_prefill_rate_tps{source="measured"}' in text
-    assert "catsproto_node_outstanding_prefill_tokens 12517.0" in text
+    assert "catsproto_node_outstanding_prefill_tokens 14603.0" in text
 
 
 def test_the_scraper_thread_scrapes_every_interval(served: TextServer) -> None:
