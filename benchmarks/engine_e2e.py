@@ -312,6 +312,9 @@ def main() -> int:
                 runs[policy] = {
                     **summarise(results),
                     "wall_s": round(time.monotonic() - started, 1),
+                    # the machine's 1-minute load at the end: another job on its two
+                    # cores slows the engines and shows here
+                    "load_1min": round(os.getloadavg()[0], 2),
                     "ground_truth": _delta(before, after),
                 }
             row: dict[str, Any] = {"rate_per_s": rate, "runs": runs}
