@@ -1,8 +1,11 @@
-"""Fixtures shared by the vLLM event tests (test_vllm_events.py, test_robust_ingest.py)."""
+"""Fixtures shared by the vLLM event tests (test_vllm_events.py, test_robust_ingest.py),
+and the environment every test runs in: where the Mooncake trace is, and no downloads."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -10,6 +13,16 @@ import zmq
 
 if TYPE_CHECKING:
     from tests.test_vllm_events import RawEngine
+
+# The team's machines keep the trace in shared/traces beside the checkout. Product code
+# does not know that (catsproto/adapters/trace.py); the tests say it through the
+# environment, set here at import so the test modules' find_trace() calls and every
+# subprocess see it. A CATSPROTO_TRACES already set wins. The tests never download the
+# trace (tests/test_trace_download.py lifts this for itself, against a local server).
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+if not os.environ.get("CATSPROTO_TRACES") and SHARED_TRACES.is_dir():
+    os.environ["CATSPROTO_TRACES"] = str(SHARED_TRACES)
+os.environ.setdefault("CATSPROTO_NO_DOWNLOAD", "1")
 
 
 @pytest.fixture

@@ -381,25 +381,19 @@ def test_a_truncated_trace_file_points_at_its_last_line(tmp_path, capsys):
 def test_the_trace_search_names_each_place_once(monkeypatch, tmp_path):
     from catsproto.adapters import trace as trace_io
 
-    repo_data = trace_io._REPO / "data" / "traces"
-    # $CATSPROTO_TRACES is the checkout's own folder, and the working directory's
-    # ../shared/traces is the checkout's: each is tried once (the shared folder too, which
-    # is the checkout's ../shared/traces when the checkout sits beside it)
-    monkeypatch.setenv("CATSPROTO_TRACES", str(repo_data))
-    monkeypatch.chdir(trace_io._REPO)
+    # $CATSPROTO_TRACES is the checkout's own folder: it is tried once, then the cache
+    monkeypatch.setenv("CATSPROTO_TRACES", str(trace_io.CHECKOUT_TRACES))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     places = trace_io.trace_folders()
-    beside = (trace_io._REPO.parent / "shared" / "traces").resolve()
-    expected = 2 if trace_io.SHARED_TRACES.resolve() == beside else 3
-    assert len({p.resolve() for p in places}) == len(places) == expected
-    assert places[0] == repo_data
-    with pytest.raises(TraceFormatError) as caught:
+    assert places == [trace_io.CHECKOUT_TRACES, tmp_path / "cache" / "catsproto" / "traces"]
+    with pytest.raises(trace_io.TraceNotFound) as caught:
         trace_io.find_trace("no-such-trace.jsonl")
     text = str(caught.value)
     # the tried places, split out whole: one path may be the tail of another
-    # (/check/work/shared/traces ends in /work/shared/traces)
     tried = text.split("(tried ", 1)[1].split("; set CATSPROTO_TRACES)", 1)[0].split(", ")
     assert tried == [str(p / "no-such-trace.jsonl") for p in places]
     assert text.count("no-such-trace.jsonl") == len(places) + 1  # each place and the name
+    assert caught.value.places == places
 
 
 def test_a_missing_catsproto_traces_folder_is_refused(monkeypatch, tmp_path, capsys):

@@ -3,6 +3,9 @@
 A trace is JSON Lines, one request a line: ``timestamp`` (ms), ``input_length``,
 ``output_length``, ``hash_ids`` (the Mooncake release's fields). A scenario is TOML or
 JSON (by extension); the shipped ones live in ``catsproto/sim/scenarios/``.
+
+`find_trace` looks for a trace by name in SEARCH_ORDER and only looks; fetching the
+Mooncake trace when it is nowhere is `trace_download`'s.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from typing import Any
 from catsproto.sim.trace import TraceRequest
 
 __all__ = [
+    "CHECKOUT_TRACES",
     "MOONCAKE",
     "SCENARIO_DIR",
     "SEARCH_ORDER",
     "TraceFormatError",
+    "TraceNotFound",
+    "cache_folder",
     "find_trace",
     "load_scenario",
     "parse_trace_line",
@@ -31,14 +37,21 @@ __all__ = [
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "sim" / "scenarios"
 MOONCAKE = "mooncake-conversation.jsonl"
 _REPO = Path(__file__).resolve().parents[2]
-# the team's shared data folder, for a checkout (or an installed copy) kept elsewhere
-SHARED_TRACES = Path("/work/shared/traces")
-
+CHECKOUT_TRACES = _REPO / "data" / "traces"
 
 SEARCH_ORDER = (
-    "$CATSPROTO_TRACES, then the checkout's data/traces, then ../shared/traces beside the "
-    f"checkout, then ../shared/traces beside the working directory, then {SHARED_TRACES}"
+    "$CATSPROTO_TRACES, then the checkout's data/traces, then the user's cache folder "
+    "($XDG_CACHE_HOME/catsproto/traces, by default ~/.cache/catsproto/traces)"
 )
+
+
+def cache_folder() -> Path:
+    """The user's cache folder for traces, where a downloaded trace is kept:
+    $XDG_CACHE_HOME/catsproto/traces, or ~/.cache/catsproto/traces when XDG_CACHE_HOME
+    is unset or relative (the XDG base directory spec ignores a relative one)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / "catsproto" / "traces"
 
 
 def trace_folders() -> list[Path]:
@@ -50,12 +63,7 @@ def trace_folders() -> list[Path]:
         if not Path(env).is_dir():
             raise TraceFormatError(f"CATSPROTO_TRACES is {env!r}, which is not a folder")
         places.append(Path(env))
-    places += [
-        _REPO / "data" / "traces",
-        _REPO.parent / "shared" / "traces",
-        Path.cwd().parent / "shared" / "traces",
-        SHARED_TRACES,
-    ]
+    places += [CHECKOUT_TRACES, cache_folder()]
     unique: list[Path] = []
     seen: set[Path] = set()
     for folder in places:
@@ -67,18 +75,30 @@ def trace_folders() -> list[Path]:
 
 
 def find_trace(name: str = MOONCAKE) -> Path:
-    """Where a trace lives: the first of `trace_folders()` that holds it. Raises
-    TraceFormatError naming every place tried (each once)."""
+    """Where a trace lives: the first of `trace_folders()` that holds it. Looks only,
+    never downloads (`trace_download.find_or_download_trace` does). Raises TraceNotFound
+    naming every place tried (each once)."""
     places = trace_folders()
     for folder in places:
         if (folder / name).is_file():
             return folder / name
-    tried = ", ".join(str(p / name) for p in places)
-    raise TraceFormatError(f"trace {name} not found (tried {tried}; set CATSPROTO_TRACES)")
+    raise TraceNotFound(name, places)
 
 
 class TraceFormatError(ValueError):
-    """A trace line or scenario file that cannot be used; says which line or file."""
+    """A trace or scenario file that cannot be used; says which line, file or folder."""
+
+
+class TraceNotFound(TraceFormatError):
+    """No folder of the search order holds the trace; `places` are the folders tried."""
+
+    def __init__(self, name: str, places: list[Path]) -> None:
+        self.name, self.places = name, places
+        tried = ", ".join(str(p / name) for p in places)
+        super().__init__(f"trace {name} not found (tried {tried}; set CATSPROTO_TRACES)")
+
+    def __reduce__(self):  # picklable (to a worker process and back) with its fields
+        return (TraceNotFound, (self.name, self.places))
 
 
 _U64 = 1 << 64
