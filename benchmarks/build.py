@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from catsproto import wire
-from catsproto.adapters.trace import find_trace
+from catsproto.adapters.trace_download import find_or_download_trace
 from catsproto.keys import ENGINE_MOONCAKE, BlockKeyer
 from catsproto.node import (
     AdvertisementBuilder,
@@ -292,7 +292,7 @@ def churn_once(requests: list[list[int]], times: list[int]) -> tuple[float, list
 
 def churn(n: int, rounds: int) -> dict[str, Any]:
     requests, times = [], []
-    with find_trace().open() as f:
+    with find_or_download_trace().open() as f:
         for line in f:
             if len(requests) >= n:
                 break

@@ -22,7 +22,7 @@ from typing import Any
 
 from catsproto import wire
 from catsproto.adapters.instance import MEDIUM_OF_TIER, mooncake_tokens
-from catsproto.adapters.trace import find_trace
+from catsproto.adapters.trace_download import find_or_download_trace
 from catsproto.adapters.vllm_events import (
     decode_payload,
     encode_payload,
@@ -44,7 +44,7 @@ from catsproto.node import (
 )
 from catsproto.wire import Tier
 
-TRACE = find_trace()
+TRACE = find_or_download_trace()
 SECRET = b"benchmark-secret-0123456789abcdef"
 
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from catsproto import wire
 from catsproto.adapters.collector import DecisionCollector
-from catsproto.adapters.trace import find_trace
+from catsproto.adapters.trace_download import find_or_download_trace
 from catsproto.node import (
     AdvertisementBuilder,
     BuilderConfig,
@@ -68,7 +68,7 @@ from catsproto.wire import Origin, Tier
 from catsproto.wire.attribute import encode_attribute
 from catsproto.wire.bgp import build_update
 
-TRACE = find_trace()
+TRACE = find_or_download_trace()
 HBM_BLOCKS = 1000
 PREFILL_TPS = 20_000.0
 POOL = 16

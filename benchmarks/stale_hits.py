@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from catsproto.adapters.steering import post_json  # noqa: E402
-from catsproto.adapters.trace import find_trace, read_trace  # noqa: E402
+from catsproto.adapters.trace import read_trace  # noqa: E402
+from catsproto.adapters.trace_download import find_or_download_trace  # noqa: E402
 
 # every instance's GET /state: argv[1] = the instances' token file, then their URLs
 STATE_SCRIPT = (
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("stale_hits.py needs root (network namespaces, FRR)", file=sys.stderr)
         return 2
-    trace = find_trace()
+    trace = find_or_download_trace()
     rows = []
     for interval in [float(x) for x in args.intervals.split(",")]:
         row = lab_run(interval, args, trace)

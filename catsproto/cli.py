@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.no_eval:
         return status
     print("\n" + "=" * 78 + "\n")
-    return eval_demo(args.eval_requests) or status
+    return eval_demo(args.eval_requests, download=False if args.no_download else None) or status
 
 
 def lab_demo_argv(args: argparse.Namespace, namespaced: bool) -> list[str]:
@@ -106,13 +106,16 @@ def engine_installed() -> bool:
     return True
 
 
-def eval_demo(requests: int) -> int:
-    """Policies on the first `requests` requests of the shared trace, S1, x1 and x4."""
-    from catsproto.adapters.trace import TraceFormatError, find_trace
+def eval_demo(requests: int, download: bool | None = None) -> int:
+    """Policies on the first `requests` requests of the Mooncake trace, S1, x1 and x4.
+    The trace is downloaded when it is nowhere (`download` False: never; None: unless
+    $CATSPROTO_NO_DOWNLOAD); without it, this part is skipped with the reason."""
+    from catsproto.adapters.trace import TraceFormatError
+    from catsproto.adapters.trace_download import find_or_download_trace
     from catsproto.commands import eval as evaluation
 
     try:
-        trace = find_trace()
+        trace = find_or_download_trace(download=download)
     except TraceFormatError as exc:
         print(f"trace-driven evaluation skipped: {exc}")
         return 0
@@ -287,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec-only", action="store_true", help="only the codec part")
     p.add_argument("--embedded", action="store_true", help="lab on loopback even as root")
     p.add_argument("--no-eval", action="store_true", help="skip the trace-driven evaluation")
+    p.add_argument(
+        "--no-download",
+        action="store_true",
+        help="do not download the Mooncake trace when it is not found (the evaluation part "
+        "is then skipped; also: CATSPROTO_NO_DOWNLOAD=1)",
+    )
     p.add_argument(
         "--no-engine",
         action="store_true",

@@ -67,10 +67,10 @@ from catsproto.adapters.trace import (
     MOONCAKE,
     SEARCH_ORDER,
     TraceFormatError,
-    find_trace,
     load_scenario,
     read_trace,
 )
+from catsproto.adapters.trace_download import MOONCAKE_URL, NO_DOWNLOAD_ENV, find_or_download_trace
 from catsproto.commands import UsageError
 from catsproto.keys import BlockKeyer
 from catsproto.sim import (
@@ -122,7 +122,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trace",
         metavar="FILE",
         help=f"JSONL trace (Mooncake fields: timestamp, input_length, output_length, hash_ids); "
-        f"default: {MOONCAKE} looked for in {SEARCH_ORDER}",
+        f"default: {MOONCAKE} looked for in {SEARCH_ORDER}; when it is in none of them, "
+        f"downloaded (sha256-checked) from {MOONCAKE_URL} into the cache folder",
+    )
+    p.add_argument(
+        "--no-download",
+        action="store_true",
+        help=f"never download the trace; fail if it is not found (also: {NO_DOWNLOAD_ENV}=1)",
     )
     p.add_argument(
         "--scenario",
@@ -258,7 +264,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         base = _scenario(args.scenario, args.overrides)
         if args.trace is None:
-            args.trace = str(find_trace())
+            quiet = (lambda done, total: None) if args.quiet else None
+            download = False if args.no_download else None  # None: as the environment says
+            args.trace = str(find_or_download_trace(download=download, progress=quiet))
         requests = read_trace(args.trace, args.limit)
     except (ScenarioError, TraceFormatError) as exc:
         raise UsageError(str(exc)) from None
