@@ -14,14 +14,21 @@ import zmq
 if TYPE_CHECKING:
     from tests.test_vllm_events import RawEngine
 
-# The team's machines keep the trace in shared/traces beside the checkout. Product code
-# does not know that (catsproto/adapters/trace.py); the tests say it through the
-# environment, set here at import so the test modules' find_trace() calls and every
-# subprocess see it. A CATSPROTO_TRACES already set wins. The tests never download the
-# trace (tests/test_trace_download.py lifts this for itself, against a local server).
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-if not os.environ.get("CATSPROTO_TRACES") and SHARED_TRACES.is_dir():
-    os.environ["CATSPROTO_TRACES"] = str(SHARED_TRACES)
+# The team's machines keep the trace in a shared folder: beside the checkout, or at the
+# machine's fixed place when CI clones somewhere else. Product code does not know that
+# (catsproto/adapters/trace.py); the tests say it through the environment, set here at
+# import so the test modules' find_trace() calls and every subprocess see it. A
+# CATSPROTO_TRACES already set wins. The tests never download the trace
+# (tests/test_trace_download.py lifts this for itself, against a local server).
+SHARED_TRACES = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces",
+    Path("/work/shared/traces"),
+)
+if not os.environ.get("CATSPROTO_TRACES"):
+    for folder in SHARED_TRACES:
+        if folder.is_dir():
+            os.environ["CATSPROTO_TRACES"] = str(folder)
+            break
 os.environ.setdefault("CATSPROTO_NO_DOWNLOAD", "1")
 
 
