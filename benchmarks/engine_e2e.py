@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from catsproto.adapters.steering import RibFeed  # noqa: E402
-from catsproto.adapters.trace import find_trace  # noqa: E402
+from catsproto.adapters.trace_download import find_or_download_trace  # noqa: E402
 from catsproto.keys import BlockKeyer  # noqa: E402
 from catsproto.lab import flows, runner  # noqa: E402
 from catsproto.lab.engine import ENGINE_BLOCK_TOKENS, SERVED_MODEL  # noqa: E402
@@ -277,7 +277,7 @@ def main() -> int:
     args = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("engine_e2e needs root (the namespaced lab)")
-    trace = Path(args.trace) if args.trace else find_trace()
+    trace = Path(args.trace) if args.trace else find_or_download_trace()
     own = args.tag is None
     run_dir = Path(tempfile.mkdtemp(prefix="catsproto-e2e-"))
     lab = (
