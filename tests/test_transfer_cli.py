@@ -40,6 +40,7 @@ def files(tmp_path: Path) -> dict[str, str]:
     ):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(obj))
+        path.chmod(0o644 if name == "trust" else 0o600)  # a key file others read is refused
         out[name] = str(path)
     return out
 
@@ -50,6 +51,7 @@ def test_the_commands_defaults_are_the_servers_and_the_pullers():
     assert o.timeout == pull["timeout"].default == transfer_cli.IO_TIMEOUT_S
     assert o.handshake_timeout == o.request_timeout == transfer_cli.HANDSHAKE_TIMEOUT_S
     assert pull["handshake_timeout"].default == transfer_cli.HANDSHAKE_TIMEOUT_S
+    assert o.offer_timeout == transfer_cli.OFFER_TIMEOUT_S == transfer_tls.OFFER_TIMEOUT
     assert o.max_connections == transfer_cli.MAX_CONNECTIONS
     assert o.min_rate_bps == transfer_cli.MIN_RATE_BPS
     args = build_parser().parse_args(["transfer", *SERVE])
@@ -59,15 +61,20 @@ def test_the_commands_defaults_are_the_servers_and_the_pullers():
 def test_every_option_reaches_the_server_options():
     argv = ["transfer", *SERVE, "--timeout", "7.5", "--handshake-timeout", "0.25",
             "--request-timeout", "1.5", "--min-rate", "1000", "--max-connections", "10",
-            "--max-handshakes", "4", "--max-handshakes-per-address", "2"]  # fmt: skip
+            "--max-handshakes", "4", "--max-handshakes-per-address", "2",
+            "--offer-timeout", "0.125"]  # fmt: skip
     o = transfer_cli.server_options(build_parser().parse_args(argv))
     assert (o.timeout, o.handshake_timeout, o.request_timeout) == (7.5, 0.25, 1.5)
+    assert o.offer_timeout == 0.125
     assert o.min_rate_bps == 1000
     assert (o.max_connections, o.max_handshakes, o.max_handshakes_per_source) == (10, 4, 2)
     # what is not given follows what is, as ServerOptions' own defaults do
     argv = ["transfer", *SERVE, "--handshake-timeout", "2", "--max-connections", "40"]
     o = transfer_cli.server_options(build_parser().parse_args(argv))
     assert o.request_timeout == 2 and o.max_handshakes == 20 and o.max_handshakes_per_source == 5
+    assert o.offer_timeout == 2
+    argv = ["transfer", *SERVE, "--handshake-timeout", "0.5"]
+    assert transfer_cli.server_options(build_parser().parse_args(argv)).offer_timeout == 0.5
     o = transfer_cli.server_options(build_parser().parse_args([*argv, "--min-rate", "0"]))
     assert o.min_rate_bps == 0
 
@@ -81,6 +88,10 @@ def test_every_option_reaches_the_server_options():
         ([*SERVE, "--handshake-timeout", "inf"], "--handshake-timeout inf is not"),
         ([*SERVE, "--request-timeout", "0"], "--request-timeout 0.0 is not"),
         ([*SERVE, "--request-timeout", "nan"], "--request-timeout nan is not"),
+        ([*SERVE, "--offer-timeout", "0"], "--offer-timeout 0.0 is not a positive, finite"),
+        ([*SERVE, "--offer-timeout", "6"], "--offer-timeout 6.0 is more than --handshake-timeout"),
+        ([*PULL[:-1], "7:4:0"], "--synthetic '7:4:0': BYTES 0 is not >= 1"),
+        ([*PULL[:-1], "7:4:1:2"], "--synthetic '7:4:1:2' is not SEED:COUNT[:BYTES]"),
         ([*SERVE, "--timeout", "inf"], "--timeout inf is not a positive, finite number"),
         ([*SERVE, "--timeout", "-3"], "--timeout -3.0 is not"),
         ([*SERVE, "--min-rate", "-1"], "--min-rate -1.0 is not 0 (no floor)..2^64-1"),
@@ -131,10 +142,14 @@ class _Serve:
 
     def stop(self) -> list[dict]:
         """SIGTERM; the records of the served connections it prints at the end."""
+        return self.stop_with_log()[0]
+
+    def stop_with_log(self) -> tuple[list[dict], str]:
+        """SIGTERM; those records and everything it wrote on stderr."""
         self.proc.send_signal(signal.SIGTERM)
         _, err = self.proc.communicate(timeout=20)
         assert self.proc.returncode == 0, err
-        return [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+        return [json.loads(line) for line in err.splitlines() if line.startswith("{")], err
 
 
 def _silent_for(address: tuple[str, int], wait: float) -> tuple[socket.socket, float]:
@@ -157,18 +172,81 @@ def test_a_short_handshake_timeout_drops_a_silent_peer_sooner_than_the_default(f
     assert any("deadline of 0.5 s" in r["error"] for r in records), records
 
 
-def test_handshake_caps_from_the_command_line_close_the_next_silent_peer_at_accept(files):
+def test_handshake_caps_from_the_command_line_evict_the_older_silent_peer(files):
     srv = _Serve(files, "--max-connections", "4", "--max-handshakes-per-address", "1")
     first = socket.create_connection(srv.address, timeout=5)
     try:
-        second, took = _silent_for(srv.address, 2.0)  # the same address: over its cap
+        time.sleep(0.2)  # accepted before the second
+        second = socket.create_connection(srv.address, timeout=5)  # the same address
+        started = time.monotonic()
+        first_closed = closed_by_peer(first, 2.0)
+        took = time.monotonic() - started
+        assert first_closed and took < 1.0, took  # evicted at once, long before a deadline
+        assert not closed_by_peer(second, 0.2)  # the newer one keeps its slot
         second.close()
-        assert took < 1.0, took  # closed at accept, long before any deadline
-        assert not closed_by_peer(first, 0.2)  # the first one keeps its slot
     finally:
         first.close()
         records = srv.stop()
-    assert any(r["error"].startswith("busy handshakes: 1 connections from") for r in records)
+    assert any(
+        r["error"] == "evicted before authentication: the oldest of 1 from 127.0.0.1 not yet "
+        "authenticated"
+        for r in records
+    ), records
+
+
+def test_a_running_serve_refuses_a_puller_revoked_in_its_trust_file(files):
+    # issue #32, row 3: the trust file was read once at start, so a revoked puller kept
+    # pulling from a running holder; now the next connection reads the changed file
+    from catsproto.adapters.transfer_tls import PeerPolicy, TransferIdentity, pull
+    from catsproto.transfer import synthetic_keys
+
+    keys = synthetic_keys(7, 4)
+    srv = _Serve(files)
+    with TransferIdentity(PULLER) as puller:
+        policy = PeerPolicy(TRUST, expected_key_id=HOLDER.key_id)
+        try:
+            before = pull(srv.address, puller, policy, keys, timeout=5)
+            revoked = TRUST.without_key(PULLER.key_id)
+            Path(files["trust"]).write_text(json.dumps(revoked.to_json()))
+            after = pull(srv.address, puller, policy, keys, timeout=5)
+            Path(files["trust"]).write_text("{not json")
+            broken = pull(srv.address, puller, policy, keys, timeout=5)
+        finally:
+            _, err = srv.stop_with_log()
+    assert before.error is None and before.completed is not None
+    assert after.completed is None and broken.completed is None
+    assert "may not trust this node's key" in str(after.error)
+    lines = err.splitlines()
+    assert f"trust file {files['trust']}: reloaded" in lines
+    assert any(
+        line.startswith(f"trust file {files['trust']}: does not load: ")
+        and line.endswith("; keeping the last good trust store")
+        for line in lines
+    ), lines
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    unknown = f"PeerAuthError: unknown-key: no delegation for key {PULLER.key_id.hex()}"
+    assert [r["error"] for r in records] == ["", unknown, unknown]
+
+
+def test_pull_with_the_expected_block_size_refuses_a_larger_block():
+    srv = subprocess.Popen(
+        [*CLI, *SERVE[:-1], "7:4:65536"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert srv.stdout is not None
+        port = json.loads(srv.stdout.readline())["listening"].rpartition(":")[2]
+        base = [*CLI, "pull", "--plaintext", "--from", f"127.0.0.1:{port}", "--synthetic"]
+        small = subprocess.run([*base, "7:4:4096"], capture_output=True, text=True, timeout=30)
+        right = subprocess.run([*base, "7:4:65536"], capture_output=True, text=True, timeout=30)
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.communicate(timeout=20)
+    assert small.returncode == 1 and right.returncode == 0, (small.stderr, right.stderr)
+    out = json.loads(small.stdout)
+    assert out["ok"] is False and out["blocks"] == 0
+    assert out["error"].startswith("BlockTooLargeError: block frame at stream offset ")
+    assert "announced as 65536 bytes, over the limit of 4096" in out["error"]
+    assert json.loads(right.stdout)["blocks"] == 4
 
 
 def test_a_short_handshake_timeout_gives_up_on_a_silent_holder(files):

@@ -22,15 +22,18 @@ from catsproto.adapters.transfer_tls import (
     OFFER_MAGIC,
     Deadline,
     HandshakeDeadlineError,
+    HandshakeTable,
     PeerPolicy,
     ServerOptions,
     TransferIdentity,
     TransferServer,
+    handshake_source,
     pull,
     read_offer,
     secure,
 )
 from catsproto.transfer import (
+    BlockTooLargeError,
     Holder,
     PeerRefusedError,
     Puller,
@@ -52,6 +55,7 @@ from catsproto.transfer.frames import (
 from tests.transfer_helpers import (
     HOLDER,
     TRUST,
+    closed_by_peer,
     holder_policy,
     serve,
     trickle,
@@ -111,6 +115,57 @@ def test_pull_turns_a_late_evicted_into_a_result() -> None:
         listener.close()
     assert isinstance(r.error, ProtocolViolationError) and r.completed is None
     assert r.resume.next_index == 1
+
+
+# ---- a holder announcing a larger block than expected -----------------------------------
+
+
+def test_a_block_announced_far_larger_than_expected_is_refused_at_its_header() -> None:
+    # issue #32, row 7b: a trusted holder announced 200 MiB for a 4 KiB block and the
+    # puller would read (and hash, and keep) it all; with the expected size as its limit,
+    # the BLOCK header alone is refused
+    listener = socket.create_server(("127.0.0.1", 0))
+    key = 7
+
+    def fake_holder() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(encode(Accept(1, 1, 0, 1)) + encode(Block(0, key, 200 << 20, bytes(32))))
+            with contextlib.suppress(OSError):
+                while conn.recv(65536):  # until the puller hangs up
+                    pass
+
+    t = threading.Thread(target=fake_holder, daemon=True)
+    t.start()
+    try:
+        started = time.monotonic()
+        r = pull(listener.getsockname()[:2], None, None, [key], timeout=2, max_block_bytes=4096)
+        took = time.monotonic() - started
+    finally:
+        t.join(timeout=3)
+        listener.close()
+    assert isinstance(r.error, BlockTooLargeError) and r.completed is None
+    assert str(r.error) == (
+        "block frame at stream offset 29: block 0 (key 0000000000000007) announced as "
+        "209715200 bytes, over the limit of 4096 (the size expected): refused before its "
+        "payload"
+    )
+    assert took < 1.0  # not the 2 s read timeout: refused as the header came in
+
+
+def test_a_trusted_holder_over_tls_is_held_to_the_expected_block_size(ids) -> None:
+    big = StoredBlock.of(9, bytes(range(256)) * (4 << 10))  # 1 MiB
+    lookup = {9: big}.get
+    with server(ids["holder"], lookup) as srv:
+        refused = pull(srv.address, ids["puller"], holder_policy(), [9], max_block_bytes=4096)
+        exact = pull(srv.address, ids["puller"], holder_policy(), [9], max_block_bytes=1 << 20)
+    assert isinstance(refused.error, BlockTooLargeError) and refused.completed is None
+    assert "announced as 1048576 bytes, over the limit of 4096" in str(refused.error)
+    assert refused.payload_bytes == 0 and refused.wire_bytes < 64 << 10  # of 1 MiB sent
+    assert exact.error is None and exact.completed is not None  # the limit is inclusive
+    with pytest.raises(ValueError, match="max_block_bytes -1 is not >= 0"):
+        pull(srv.address, ids["puller"], holder_policy(), [9], max_block_bytes=-1)
 
 
 # ---- the unauthenticated phase: one deadline, its own caps ------------------------------
@@ -179,9 +234,50 @@ def test_deadline_refuses_once_passed() -> None:
             d.arm(a, "offer")
 
 
-def test_unauthenticated_connections_from_one_address_cannot_take_every_slot(ids) -> None:
-    # four silent connections from 127.0.0.2 would take all four slots; only one of them
-    # may be unauthenticated at once, so a real pull from another address is served
+def _silent(address: tuple[str, int], source: str) -> socket.socket:
+    """A connection from `source` that never sends a byte."""
+    return socket.create_connection(address, source_address=(source, 0), timeout=5)
+
+
+def _until(done: Callable[[], bool], limit: float = 2.0) -> None:
+    end = time.monotonic() + limit
+    while not done() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def test_32_idle_connections_do_not_starve_an_honest_pull(ids) -> None:
+    # issue #32, row 6: with the default caps (64 connections, 32 unauthenticated, 8 per
+    # source), 32 idle connections from four addresses used to fill the unauthenticated
+    # phase, and every pull was refused at accept until their 5 s deadline passed. Now
+    # the newcomer takes the place of the oldest idle one and completes at once. (The
+    # offer deadline is held at the old 5 s here, so only the eviction is tested.)
+    with server(ids["holder"], offer_timeout=5.0) as srv:
+        idle = [_silent(srv.address, f"127.0.0.{2 + i // 8}") for i in range(32)]
+        try:
+            _until(lambda: srv.stats.connections == 32)
+            assert srv.stats.connections == 32 and srv.stats.errors == 0
+            started = time.monotonic()
+            r = pull(srv.address, ids["puller"], holder_policy(), KEYS, source_address="127.0.0.6")
+            took = time.monotonic() - started
+            still_open = [not closed_by_peer(s, 0) for s in idle]
+        finally:
+            for s in idle:
+                s.close()
+    assert r.error is None and r.completed is not None
+    assert took < 1.0, took  # not the 5 s until an idle one's deadline frees a place
+    assert srv.stats.handshakes_evicted == 1 and srv.stats.busy == 0
+    assert still_open == [False] + [True] * 31  # the oldest went, and only it
+    evicted = [s for s in srv.served if s.error.startswith("evicted")]
+    assert [s.error for s in evicted] == [
+        "evicted before authentication: the oldest of 32 not yet authenticated"
+    ]
+    assert evicted[0].peer.startswith("127.0.0.2:")
+
+
+def test_a_source_over_its_cap_loses_its_oldest_unauthenticated_connection(ids) -> None:
+    # four silent connections from 127.0.0.2, one allowed per source: each newer one
+    # pushes the one before out, the newest keeps its place, and a real pull from
+    # another address is served without evicting anybody
     opts = dict(
         max_connections=4,
         max_handshakes=2,
@@ -190,48 +286,131 @@ def test_unauthenticated_connections_from_one_address_cannot_take_every_slot(ids
         handshake_timeout=2.0,
     )
     with server(ids["holder"], **opts) as srv:
-        silent = [
-            socket.create_connection(srv.address, source_address=("127.0.0.2", 0)) for _ in range(4)
-        ]
+        silent = []
+        for _ in range(4):
+            silent.append(_silent(srv.address, "127.0.0.2"))
+            _until(lambda: srv.stats.connections == len(silent))
         try:
-            end = time.monotonic() + 1
-            while srv.stats.busy_handshakes < 3 and time.monotonic() < end:
-                time.sleep(0.01)
+            _until(lambda: srv.stats.errors == 3)
             r = pull(srv.address, ids["puller"], holder_policy(), KEYS, source_address="127.0.0.3")
+            closed = [closed_by_peer(s, 0.5) for s in silent[:3]]
+            newest_open = not closed_by_peer(silent[3], 0)
         finally:
             for s in silent:
                 s.close()
     assert r.error is None and r.completed is not None
-    assert srv.stats.busy_handshakes == 3 and srv.stats.busy == 0
-    refusals = [s.error for s in srv.served if s.error.startswith("busy handshakes")]
-    assert refusals == ["busy handshakes: 1 connections from 127.0.0.2 not yet authenticated"] * 3
+    assert closed == [True] * 3 and newest_open
+    assert srv.stats.handshakes_evicted == 3 and srv.stats.busy == 0
+    evicted = [s.error for s in srv.served if s.error.startswith("evicted")]
+    assert (
+        evicted
+        == ["evicted before authentication: the oldest of 1 from 127.0.0.2 not yet authenticated"]
+        * 3
+    )
 
 
-def test_the_handshake_cap_in_all_refuses_at_accept_and_frees_with_the_deadline(ids) -> None:
-    # silent peers from several addresses fill the cap in all: a new pull is refused at
-    # once (not queued), the slots left stay free for authenticated pulls, and the cap
-    # frees when the deadline drops the silent ones
+def test_the_handshake_cap_in_all_evicts_the_oldest_and_the_rest_keep_their_deadline(
+    ids,
+) -> None:
+    # silent peers from two addresses fill the cap in all (2): a pull evicts the oldest
+    # and completes at once; the other silent one is still dropped at its deadline
     opts = dict(max_connections=8, max_handshakes=2, max_handshakes_per_source=2)
-    with server(ids["holder"], timeout=1.0, handshake_timeout=0.5, **opts) as srv:
-        silent = [
-            socket.create_connection(srv.address, source_address=(f"127.0.0.{n}", 0))
-            for n in (4, 5)
-        ]
+    with server(ids["holder"], timeout=1.0, handshake_timeout=1.0, **opts) as srv:
+        silent = []
+        for n in (4, 5):
+            silent.append(_silent(srv.address, f"127.0.0.{n}"))
+            _until(lambda: srv.stats.connections == len(silent))
         try:
-            end = time.monotonic() + 1
-            while srv.stats.connections < 2 and time.monotonic() < end:
-                time.sleep(0.01)
-            refused = pull(srv.address, ids["puller"], holder_policy(), KEYS, timeout=2)
-            time.sleep(0.6)  # past the deadline of the silent two
-            ok = pull(srv.address, ids["puller"], holder_policy(), KEYS, timeout=2)
+            r = pull(srv.address, ids["puller"], holder_policy(), KEYS, timeout=2)
+            time.sleep(1.1)  # past the deadline of the other silent one
         finally:
             for s in silent:
                 s.close()
-    assert refused.completed is None and ok.error is None and ok.completed is not None
-    assert srv.stats.busy_handshakes == 1 and srv.stats.handshake_timeouts == 2
-    assert [s.error for s in srv.served][2] == (
-        "busy handshakes: 2 connections not yet authenticated"
+        wait_ended(srv, 2.0)
+    assert r.error is None and r.completed is not None
+    assert srv.stats.handshakes_evicted == 1 and srv.stats.handshake_timeouts == 1
+    errors = {s.peer.split(":")[0]: s.error for s in srv.served if s.error}
+    assert errors["127.0.0.4"] == (
+        "evicted before authentication: the oldest of 2 not yet authenticated"
     )
+    assert "within the deadline of 1 s" in errors["127.0.0.5"]
+
+
+def test_when_every_slot_is_taken_the_oldest_unauthenticated_gives_its_own(ids) -> None:
+    # 2 slots, both may be unauthenticated: two silent peers hold them; a pull evicts
+    # the older and takes its slot instead of being refused as busy
+    opts = dict(max_connections=2, max_handshakes=2, max_handshakes_per_source=2)
+    with server(ids["holder"], timeout=2.0, handshake_timeout=2.0, **opts) as srv:
+        silent = []
+        for n in (4, 5):
+            silent.append(_silent(srv.address, f"127.0.0.{n}"))
+            _until(lambda: srv.stats.connections == len(silent))
+        try:
+            r = pull(srv.address, ids["puller"], holder_policy(), KEYS, timeout=2)
+        finally:
+            for s in silent:
+                s.close()
+    assert r.error is None and r.completed is not None
+    assert srv.stats.handshakes_evicted == 1 and srv.stats.busy == 0
+    assert srv.served[0].error == (
+        "evicted before authentication: the oldest unauthenticated while 2 connections "
+        "were in service"
+    )
+
+
+def test_a_silent_peer_is_dropped_at_the_offer_deadline(ids) -> None:
+    # the offer (10 bytes and a certificate) comes at once from an honest peer: a peer
+    # silent for offer_timeout is dropped then, not at the end of handshake_timeout
+    with server(ids["holder"], timeout=2.0, handshake_timeout=2.0, offer_timeout=0.3) as srv:
+        with socket.create_connection(srv.address) as s:
+            started = time.monotonic()
+            closed = closed_by_peer(s, 2.0)
+            took = time.monotonic() - started
+        record = wait_ended(srv, 2.0)
+    assert closed and 0.2 < took < 1.0, took
+    assert record is not None and record.error == (
+        "HandshakeDeadlineError: handshake: offer (0/10 bytes) not done within the "
+        "deadline of 0.3 s"
+    )
+    assert srv.stats.handshake_timeouts == 1
+    assert ServerOptions().offer_timeout == 2.0  # the default, 5 s before
+    assert ServerOptions(handshake_timeout=1.0).offer_timeout == 1.0
+
+
+def test_sources_are_ipv4_addresses_and_ipv6_slash_64s() -> None:
+    assert handshake_source("10.0.0.1") == "10.0.0.1"
+    assert handshake_source("::ffff:10.0.0.1") == "10.0.0.1"  # a dual-stack listener's view
+    assert handshake_source("2001:db8::1") == "2001:db8::/64"
+    assert handshake_source("2001:db8::ffff:ffff:ffff:ffff") == "2001:db8::/64"
+    assert handshake_source("2001:db8:0:1::1") == "2001:db8:0:1::/64"
+    assert handshake_source("fe80::1%eth0") == "fe80::/64"
+
+
+def test_addresses_of_one_ipv6_slash_64_share_one_cap() -> None:
+    table: HandshakeTable[str] = HandshakeTable(limit=32, per_source=8)
+    for i in range(8):
+        assert table.admit(f"a{i}", handshake_source(f"2001:db8::{i + 1:x}")) is None
+    assert table.admit("v4", handshake_source("10.0.0.1")) is None
+    # a ninth address of the same /64: the /64's oldest goes, not the IPv4 peer
+    assert table.admit("a8", handshake_source("2001:db8::ff")) == (
+        "a0",
+        "8 from 2001:db8::/64 not yet authenticated",
+    )
+    assert table.count("2001:db8::/64") == 8 and len(table) == 9
+    # another /64 is another source
+    assert table.admit("b0", handshake_source("2001:db8:0:1::1")) is None
+    assert table.remove("a1") and not table.remove("a0")
+    assert table.pop_oldest() == "a2"
+    with pytest.raises(ValueError, match=r"per_source 9 is not 1\.\.limit"):
+        HandshakeTable(limit=8, per_source=9)
+
+
+def test_the_cap_in_all_evicts_the_oldest_of_any_source() -> None:
+    table: HandshakeTable[str] = HandshakeTable(limit=3, per_source=2)
+    for item, source in (("x", "10.0.0.1"), ("y", "10.0.0.2"), ("z", "10.0.0.3")):
+        assert table.admit(item, source) is None
+    assert table.admit("w", "10.0.0.4") == ("x", "3 not yet authenticated")
+    assert table.count("10.0.0.1") == 0 and len(table) == 3
 
 
 # ---- slow pulls: a rate floor, a deadline, and an EOF noticed while pacing ---------------
@@ -316,6 +495,9 @@ def test_options_name_a_bad_new_value() -> None:
         ({"max_connections": 4, "max_handshakes": 5}, "max_handshakes 5 is not 1..max_conn"),
         ({"max_handshakes": 2, "max_handshakes_per_source": 3}, "max_handshakes_per_source 3"),
         ({"min_rate_bps": float("nan")}, "min_rate_bps nan"),
+        ({"offer_timeout": 0}, "offer_timeout 0 s is not a positive number up to"),
+        ({"handshake_timeout": 1, "offer_timeout": 2}, r"offer_timeout 2 s .* \(1 s\)"),
+        ({"offer_timeout": float("nan")}, "offer_timeout nan s"),
     ):
         with pytest.raises(ValueError, match=name):
             ServerOptions(**kwargs)  # type: ignore[arg-type]

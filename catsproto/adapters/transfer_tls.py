@@ -14,19 +14,25 @@ offered one and is checked against the trust store again. The offers show node
 identities (key ids) to an on-path observer; the blocks themselves only travel inside
 TLS. Frames and state machines are `catsproto.transfer`; this module only moves bytes:
 one thread per connection on the holder (`TransferServer`), a blocking `pull` on the
-puller, both pacing with `time.monotonic()` as the core's `now`.
+puller, both pacing with `time.monotonic()` as the core's `now`. The trust store may be
+a `TrustFile`, read again when the file changes, so a revocation holds from the next
+connection on; connections not yet authenticated are capped in all and per source, the
+oldest evicted for a newcomer (`HandshakeTable`), so idle peers cannot shut pulls out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
+import json
 import math
 import os
 import select
 import socket
 import ssl
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -49,6 +56,7 @@ from catsproto.security import (
     key_id,
 )
 from catsproto.transfer import (
+    DEFAULT_MAX_BLOCK,
     Completed,
     Holder,
     PeerCancelled,
@@ -68,12 +76,25 @@ OFFER_MAGIC = b"CATSXFR1"
 _OFFER_LEN = struct.Struct(">H")
 MAX_CERT = 4096
 RECV_SIZE = 1 << 20
+OFFER_TIMEOUT = 2.0
+"""Seconds a holder waits by default for a new peer's offer (10 bytes and a certificate
+of at most 4 KiB, sent at once after the connect)."""
+SLOT_WAIT = 1.0
+"""Seconds the accept loop waits for the slot of an unauthenticated connection it has
+just evicted to be given back (its thread wakes at once on the shutdown)."""
 
 
 class PeerAuthError(TransferError):
     """The peer is not who it must be; `reason` is one of the `REASONS`."""
 
-    REASONS = ("bad-certificate", "unknown-key", "key-expired", "wrong-peer", "handshake")
+    REASONS = (
+        "bad-certificate",
+        "unknown-key",
+        "key-expired",
+        "wrong-peer",
+        "handshake",
+        "trust-unavailable",
+    )
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -232,23 +253,106 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class TrustFile:
+    """A trust file read again whenever it changes, so a holder that runs for days
+    refuses a key revoked (or a delegation removed) in the file from the next connection
+    on (issue #32, row 3), as the BGP receiver's `TrustFileVerifier` does.
+
+    `current()` compares the file's stat stamp (mtime, size, inode) with the one last
+    read and reads the file only when it differs. Fail-closed: until the file has loaded
+    once, `current()` is None and every peer is refused (`trust-unavailable`); after
+    that, a file that goes missing, cannot be read or does not load leaves the last good
+    store in force, and the failure is logged once per state of the file and counted in
+    `reload_failures`. Safe to call from every connection's thread. `read` reads the
+    file's bytes (a reader that also checks the file's mode plugs in here; an `OSError`
+    it raises is a failed load)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        log: Callable[[str], None] = _stderr,
+        read: Callable[[Path], bytes] = Path.read_bytes,
+    ) -> None:
+        self.path = Path(path)
+        self.log = log
+        self.read = read
+        self.loads = 0
+        self.reload_failures = 0
+        self.error = "not read yet"
+        self._stamp: tuple[int, ...] | None = None  # the file state last read, or tried
+        self._store: TrustStore | None = None  # the last good load
+        self._lock = threading.Lock()
+
+    def current(self) -> TrustStore | None:
+        """The trust store of the file as it is now, or the last good one; None before
+        the first good load."""
+        with self._lock:
+            try:
+                st = self.path.stat()
+            except OSError as exc:
+                self._failed((-1,), f"cannot read it: {exc.strerror or exc}")
+                return self._store
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == self._stamp:
+                return self._store
+            try:
+                store = TrustStore.from_json(json.loads(self.read(self.path)))
+            except OSError as exc:
+                self._failed(stamp, f"cannot read it: {exc.strerror or exc}")
+            except (ValueError, RecursionError) as exc:  # JSON, UTF-8, TrustFileError
+                self._failed(stamp, f"does not load: {exc}")
+            else:
+                if self.loads:
+                    self.log(f"trust file {self.path}: reloaded")
+                self._stamp, self._store, self.error = stamp, store, ""
+                self.loads += 1
+            return self._store
+
+    def _failed(self, stamp: tuple[int, ...], error: str) -> None:
+        """Count and log a failed (re)load once per state of the file."""
+        if stamp == self._stamp:
+            return
+        self._stamp, self.error = stamp, error
+        self.reload_failures += 1
+        kept = "keeping the last good trust store" if self._store else "refusing every peer"
+        self.log(f"trust file {self.path}: {error}; {kept}")
+
+
 @dataclass
 class PeerPolicy:
     """Which peers to accept: a trust-store delegation valid at `clock_ms()`, and, when
-    `expected_key_id` is set, exactly that node."""
+    `expected_key_id` is set, exactly that node. `trust` is a store, or a `TrustFile`
+    whose current store is looked up at every check."""
 
-    trust: TrustStore
+    trust: TrustStore | TrustFile
     expected_key_id: bytes | None = None
     clock_ms: Callable[[], int] = wall_clock_ms
 
+    def store(self) -> TrustStore:
+        """The trust store in force now; `PeerAuthError` (trust-unavailable) if none."""
+        if isinstance(self.trust, TrustStore):
+            return self.trust
+        store = self.trust.current()
+        if store is None:
+            raise PeerAuthError(
+                "trust-unavailable", f"trust file {self.trust.path}: {self.trust.error}"
+            )
+        return store
+
     def check(self, certificate: bytes) -> Authorisation:
+        trust = self.store()
         raw = certificate_key(certificate)
         kid = key_id(raw)
         if self.expected_key_id is not None and kid != self.expected_key_id:
             raise PeerAuthError(
                 "wrong-peer", f"key {kid.hex()}, expected {self.expected_key_id.hex()}"
             )
-        auth = self.trust.lookup(kid)
+        auth = trust.lookup(kid)
         if auth is None or auth.node.raw != raw:
             raise PeerAuthError("unknown-key", f"no delegation for key {kid.hex()}")
         try:
@@ -329,12 +433,14 @@ def secure(
     *,
     server_side: bool,
     deadline: Deadline | None = None,
+    offer_deadline: Deadline | None = None,
 ) -> tuple[ssl.SSLSocket, Authorisation]:
     """Offers, trust-store check, TLS 1.3 handshake, re-check. Raises `PeerAuthError`
-    (`HandshakeDeadlineError` when `deadline` passes first). With a deadline, the socket
+    (`HandshakeDeadlineError` when `deadline` passes first, or, on the server side,
+    `offer_deadline` before the peer's offer is in whole). With a deadline, the socket
     is left with its `per_op` timeout."""
     if server_side:
-        offered = read_offer(sock, deadline)
+        offered = read_offer(sock, offer_deadline or deadline)
         policy.check(offered)
         if deadline is not None:
             deadline.arm(sock, "offer")
@@ -387,13 +493,18 @@ class ServerOptions:
 
     timeout: seconds any one read or write may block (a stalled puller is dropped).
     handshake_timeout: seconds from accept to the end of the TLS handshake, in all.
+    offer_timeout: seconds from accept until the peer's offer is in whole (default
+        2 s, or handshake_timeout if shorter): a peer that sends nothing is dropped then.
     request_timeout: seconds from then (from accept over bare TCP) until the PULL (or a
         CANCEL) has come in whole, in all (default handshake_timeout).
-    max_connections: connections served at once; one more is closed at accept, unserved.
+    max_connections: connections served at once; one more is closed at accept, unserved,
+        unless one of them is still unauthenticated: then the oldest such is closed.
     max_handshakes: of those, how many may still be unauthenticated (default half of
         max_connections, at least 1), so peers that never authenticate cannot take every
-        slot; max_handshakes_per_source: the same per peer address (default a quarter of
-        max_handshakes, at least 1), so one address cannot take all of those.
+        slot; max_handshakes_per_source: the same per source, an IPv4 address or an
+        IPv6 /64 (default a quarter of max_handshakes, at least 1), so one source cannot
+        take all of those. Over either cap the *oldest* unauthenticated connection (of
+        that source, or of all) is closed to make room: a new peer is never refused.
     min_rate_bps: the lowest rate a PULL may ask (lower is refused with BAD_REQUEST); a
         pull must also end within `timeout` plus its blocks' bytes at this rate.
     max_records: how many `ServedTransfer` records the server keeps (the newest).
@@ -405,6 +516,7 @@ class ServerOptions:
     plaintext: bool = False  # benchmarks only: the same frames over bare TCP
     timeout: float = 30.0
     handshake_timeout: float = 5.0
+    offer_timeout: float | None = None
     request_timeout: float | None = None
     max_connections: int = 64
     max_handshakes: int | None = None
@@ -424,6 +536,13 @@ class ServerOptions:
         if not 0 < self.handshake_timeout < math.inf:
             raise ValueError(
                 f"handshake_timeout {self.handshake_timeout} s is not a positive number"
+            )
+        if self.offer_timeout is None:
+            self.offer_timeout = min(OFFER_TIMEOUT, self.handshake_timeout)
+        if not 0 < self.offer_timeout <= self.handshake_timeout:
+            raise ValueError(
+                f"offer_timeout {self.offer_timeout} s is not a positive number up to "
+                f"handshake_timeout ({self.handshake_timeout} s)"
             )
         if self.request_timeout is None:
             self.request_timeout = self.handshake_timeout
@@ -463,10 +582,12 @@ class ServerStats:
     errors: int = 0
     """Connections that ended in an error (refused peers, timeouts, bad frames ...)."""
     busy: int = 0
-    """Connections closed at once because max_connections were being served."""
-    busy_handshakes: int = 0
-    """Connections closed at once because max_handshakes (in all, or from that peer
-    address) were still unauthenticated."""
+    """Connections closed at once because max_connections were being served, all of
+    them authenticated."""
+    handshakes_evicted: int = 0
+    """Unauthenticated connections closed to make room for a newer one: over
+    max_handshakes (in all, or from that source), or for a slot when max_connections
+    were in service (also counted in `errors`)."""
     handshake_timeouts: int = 0
     """Connections dropped when handshake_timeout passed before they authenticated
     (also counted in `errors`)."""
@@ -476,6 +597,90 @@ class ServerStats:
     too_slow: int = 0
     """Pulls dropped when they outlived timeout plus their bytes at min_rate_bps (also
     counted in `errors`)."""
+
+
+def handshake_source(host: str) -> str:
+    """What a per-source cap counts by: an IPv4 address, or an IPv6 address's /64 (a
+    host commonly has a whole /64, so counting IPv6 by address would give one host
+    2^64 sources); an IPv4-mapped IPv6 address counts as its IPv4 address."""
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+T = TypeVar("T")
+
+
+class HandshakeTable(Generic[T]):
+    """The connections not yet authenticated, oldest first, each with its source
+    (`handshake_source`): bookkeeping only, no sockets.
+
+    `admit` never refuses: over `per_source` from the new one's source, that source's
+    oldest goes; else over `limit` in all, the oldest of all goes. A peer that parks idle
+    connections so makes room for the next newcomer instead of shutting it out; to push
+    an honest peer out before it authenticates (a few milliseconds) it must open `limit`
+    connections in that time. `per_source` must not exceed `limit`."""
+
+    def __init__(self, limit: int, per_source: int) -> None:
+        if not 1 <= per_source <= limit:
+            raise ValueError(f"per_source {per_source} is not 1..limit ({limit})")
+        self.limit, self.per_source = limit, per_source
+        self._source: dict[T, str] = {}  # item -> its source, in arrival order
+        self._count: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def count(self, source: str) -> int:
+        return self._count.get(source, 0)
+
+    def admit(self, item: T, source: str) -> tuple[T, str] | None:
+        """Add `item` from `source`; the item removed to make room and why, if any."""
+        evicted = None
+        if self.count(source) >= self.per_source:
+            oldest = next(i for i, s in self._source.items() if s == source)
+            evicted = (oldest, f"{self.per_source} from {source} not yet authenticated")
+        elif len(self._source) >= self.limit:
+            evicted = (next(iter(self._source)), f"{self.limit} not yet authenticated")
+        if evicted is not None:
+            self.remove(evicted[0])
+        self._source[item] = source
+        self._count[source] = self.count(source) + 1
+        return evicted
+
+    def pop_oldest(self) -> T | None:
+        """Remove and return the oldest item, if any."""
+        oldest = next(iter(self._source), None)
+        if oldest is not None:
+            self.remove(oldest)
+        return oldest
+
+    def remove(self, item: T) -> bool:
+        """Remove `item`; False if it was not there (evicted already)."""
+        source = self._source.pop(item, None)
+        if source is None:
+            return False
+        left = self._count.pop(source) - 1
+        if left:
+            self._count[source] = left
+        return True
+
+
+@dataclass(eq=False)
+class _Unauthenticated:
+    """A connection in `TransferServer`'s handshake table: a duplicate of its socket (the
+    serving thread's own socket object is taken over by TLS), kept open until the entry
+    leaves the table, so the accept loop can shut the connection down; `evicted` says
+    why, once it has."""
+
+    handle: socket.socket
+    evicted: str = ""
 
 
 class TransferServer:
@@ -500,8 +705,10 @@ class TransferServer:
         self.stats = ServerStats()
         self._threads: set[threading.Thread] = set()
         self._slots = threading.BoundedSemaphore(self.options.max_connections)
-        self._handshaking = 0  # connections not yet authenticated, and by peer address
-        self._handshaking_from: dict[str, int] = {}
+        self._unauthenticated: HandshakeTable[_Unauthenticated] = HandshakeTable(
+            self.options.max_handshakes,  # type: ignore[arg-type]
+            self.options.max_handshakes_per_source,  # type: ignore[arg-type]
+        )
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._accept = threading.Thread(target=self._accept_loop, daemon=True)
@@ -534,59 +741,83 @@ class TransferServer:
                 conn, peer = self._listener.accept()
             except OSError:
                 return
-            busy = ""
-            in_service = not self._slots.acquire(blocking=False)
-            if in_service:
-                busy = f"busy: {self.options.max_connections} connections in service"
-            elif not self.options.plaintext:  # bare TCP has no unauthenticated phase
-                busy = self._begin_handshake(peer[0])
-                if busy:
-                    self._slots.release()
-            if busy:
+            if not self._take_slot():
                 # refuse rather than queue: the puller learns at once and can recompute
-                with contextlib.suppress(OSError):
-                    conn.close()
-                with self._lock:
-                    if in_service:
-                        self.stats.busy += 1
-                    else:
-                        self.stats.busy_handshakes += 1
-                    self.served.append(ServedTransfer(f"{peer[0]}:{peer[1]}", error=busy))
+                self._refuse(
+                    conn, peer, f"busy: {self.options.max_connections} connections in service"
+                )
                 continue
-            t = threading.Thread(target=self._serve_counted, args=(conn, peer), daemon=True)
+            entry = None
+            if not self.options.plaintext:  # bare TCP has no unauthenticated phase
+                try:
+                    entry = self._admit(conn, peer[0])
+                except OSError as exc:  # no descriptor left for the duplicate
+                    self._slots.release()
+                    self._refuse(conn, peer, f"busy: {exc.strerror or exc}")
+                    continue
+            t = threading.Thread(target=self._serve_counted, args=(conn, peer, entry), daemon=True)
             with self._lock:
                 self._threads.add(t)
             t.start()
 
-    def _begin_handshake(self, host: str) -> str:
-        """Counts one more unauthenticated connection from `host`, or says why not."""
-        o = self.options
+    def _refuse(self, conn: socket.socket, peer: tuple, why: str) -> None:
+        with contextlib.suppress(OSError):
+            conn.close()
         with self._lock:
-            if self._handshaking >= o.max_handshakes:  # type: ignore[operator]
-                return f"busy handshakes: {o.max_handshakes} connections not yet authenticated"
-            if self._handshaking_from.get(host, 0) >= o.max_handshakes_per_source:  # type: ignore[operator]
-                return (
-                    f"busy handshakes: {o.max_handshakes_per_source} connections from {host} "
-                    "not yet authenticated"
-                )
-            self._handshaking += 1
-            self._handshaking_from[host] = self._handshaking_from.get(host, 0) + 1
-        return ""
+            self.stats.busy += 1
+            self.served.append(ServedTransfer(f"{peer[0]}:{peer[1]}", error=why))
 
-    def _end_handshake(self, host: str) -> None:
+    def _take_slot(self) -> bool:
+        """A slot for a new connection: a free one or, when all are taken, the one of the
+        oldest unauthenticated connection, which is evicted for it."""
+        if self._slots.acquire(blocking=False):
+            return True
+        n = self.options.max_connections
         with self._lock:
-            self._handshaking -= 1
-            left = self._handshaking_from.pop(host) - 1
-            if left:
-                self._handshaking_from[host] = left
+            oldest = self._unauthenticated.pop_oldest()
+            if oldest is None:
+                return False
+            oldest.evicted = f"the oldest unauthenticated while {n} connections were in service"
+        self._shut(oldest)
+        return self._slots.acquire(timeout=SLOT_WAIT)
 
-    def _serve_counted(self, conn: socket.socket, peer: tuple) -> None:
+    def _admit(self, conn: socket.socket, host: str) -> _Unauthenticated:
+        """Enter a new connection in the handshake table, evicting the oldest one (of its
+        source, or of all) if it is over a cap."""
+        entry = _Unauthenticated(conn.dup())
+        with self._lock:
+            out = self._unauthenticated.admit(entry, handshake_source(host))
+            if out is not None:
+                out[0].evicted = f"the oldest of {out[1]}"
+        if out is not None:
+            self._shut(out[0])
+        return entry
+
+    def _shut(self, evicted: _Unauthenticated) -> None:
+        """Close an evicted connection: its thread's next read or write fails at once."""
+        with contextlib.suppress(OSError):
+            evicted.handle.shutdown(socket.SHUT_RDWR)
+        evicted.handle.close()
+        with self._lock:
+            self.stats.handshakes_evicted += 1
+
+    def _authenticated(self, entry: _Unauthenticated) -> bool:
+        """Take `entry` out of the handshake table; False if it was evicted first."""
+        with self._lock:
+            present = self._unauthenticated.remove(entry)
+        if present:
+            entry.handle.close()
+        return present
+
+    def _serve_counted(
+        self, conn: socket.socket, peer: tuple, entry: _Unauthenticated | None
+    ) -> None:
         record = ServedTransfer(f"{peer[0]}:{peer[1]}")
         with self._lock:
             self.served.append(record)
             self.stats.connections += 1
         try:
-            self._serve(conn, record, peer[0])
+            self._serve(conn, record, entry)
         finally:
             with self._lock:
                 if record.error:
@@ -598,26 +829,37 @@ class TransferServer:
                 self._threads.discard(threading.current_thread())
             self._slots.release()
 
-    def _serve(self, conn: socket.socket, record: ServedTransfer, host: str) -> None:
+    def _serve(
+        self, conn: socket.socket, record: ServedTransfer, entry: _Unauthenticated | None
+    ) -> None:
         o = self.options
         deadline = Deadline(o.handshake_timeout, o.timeout)
-        handshaking = not o.plaintext  # counted by _begin_handshake at accept
+        offer_deadline = Deadline(o.offer_timeout, o.timeout)  # type: ignore[arg-type]
+        handshaking = entry is not None  # in the handshake table since accept
         sock: socket.socket = conn
         try:
             conn.settimeout(o.timeout)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if not o.plaintext:
+            if entry is not None:
                 assert self.identity is not None and self.policy is not None
                 sock, auth = secure(
-                    conn, self.identity, self.policy, server_side=True, deadline=deadline
+                    conn,
+                    self.identity,
+                    self.policy,
+                    server_side=True,
+                    deadline=deadline,
+                    offer_deadline=offer_deadline,
                 )
                 record.peer_key_id = auth.key_id.hex()
                 handshaking = False
-                self._end_handshake(host)
+                if not self._authenticated(entry):
+                    raise PeerAuthError("handshake", "evicted")  # its socket is shut down
             self._stream(sock, record)
         except (TransferError, OSError, ssl.SSLError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, HandshakeDeadlineError):
+            if entry is not None and entry.evicted:
+                record.error = f"evicted before authentication: {entry.evicted}"
+            elif isinstance(exc, HandshakeDeadlineError):
                 with self._lock:
                     self.stats.handshake_timeouts += 1
             elif isinstance(exc, RequestDeadlineError):
@@ -627,7 +869,8 @@ class TransferServer:
             record.error = f"internal {type(exc).__name__}: {exc}"
         finally:
             if handshaking:
-                self._end_handshake(host)
+                assert entry is not None
+                self._authenticated(entry)  # leaves the table, whatever ended it
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -772,10 +1015,17 @@ def pull(
     cancel: threading.Event | None = None,
     keep_events: bool = False,
     source_address: str | None = None,
+    max_block_bytes: int = DEFAULT_MAX_BLOCK,
 ) -> PullResult:
     """Pull the prefix `keys` from the holder at `address` (from `source_address`, e.g.
     the instance's own address, if given). TLS unless both identity and policy are None
     (benchmarks' plaintext baseline).
+
+    `max_block_bytes`: the size the blocks are expected to have (the advertised bytes
+    per block, the plan's block size). A holder, even a trusted one, that announces a
+    larger block is refused at that block's header, before its payload is read: the
+    result's error is a `BlockTooLargeError` naming both sizes. Give it: the default
+    (256 MiB) only bounds what no block can exceed.
 
     `timeout` bounds each read or write; `handshake_timeout` bounds the connect, the
     offers and the TLS handshake together (the connect alone over bare TCP), so a holder
@@ -785,7 +1035,9 @@ def pull(
         raise ValueError(f"timeout {timeout} s is not a positive number")
     if not 0 < handshake_timeout < math.inf:
         raise ValueError(f"handshake_timeout {handshake_timeout} s is not a positive number")
-    puller = Puller(transfer_id, keys, resume=resume, rate_bps=rate_bps)
+    puller = Puller(
+        transfer_id, keys, resume=resume, rate_bps=rate_bps, max_block_bytes=max_block_bytes
+    )
     started = time.perf_counter()
     events: list[PullerEvent] = []
     completed: Completed | None = None

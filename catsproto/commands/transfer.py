@@ -5,11 +5,14 @@
         holds 64 synthetic blocks of 1 MiB (the prefix of seed 7) and serves pulls until
         SIGTERM; prints {"listening": "host:port"} on stdout when ready
     catsproto transfer pull --key puller.json --trust trust.json --from 10.0.12.1:7470 \\
-        --synthetic 7:64 [--holder KEY_ID] [--rate BYTES/S]
+        --synthetic 7:64[:1048576] [--holder KEY_ID] [--rate BYTES/S]
         pulls that prefix and prints one JSON line: blocks, bytes, seconds, throughput,
-        the SHA-256 over the payloads (compare it across runs), any refusal
+        the SHA-256 over the payloads (compare it across runs), any refusal; with BYTES,
+        a block announced larger than that is refused before its payload is read
 
-Key and trust files are those of `catsproto keygen` / `catsproto trust`. `--plaintext`
+Key and trust files are those of `catsproto keygen` / `catsproto trust`; `serve` reads
+its trust file again when it changes (a key revoked there is refused from the next
+connection on; a file that stops loading leaves the last good one). `--plaintext`
 (both sides) runs the same frames over bare TCP: a benchmark baseline, never a mode to
 deploy. The holder's deadlines and caps against peers that hold connections without
 pulling (`transfer_tls.ServerOptions`) and the puller's handshake deadline are options
@@ -35,6 +38,7 @@ from catsproto.commands import UsageError
 # tests/test_transfer_cli.py checks that they agree
 IO_TIMEOUT_S = 30.0
 HANDSHAKE_TIMEOUT_S = 5.0
+OFFER_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 64
 MIN_RATE_BPS = 125_000
 
@@ -76,6 +80,13 @@ def server_options(args: argparse.Namespace) -> Any:
     request = handshake
     if args.request_timeout is not None:
         request = _seconds("--request-timeout", args.request_timeout)
+    offer = min(OFFER_TIMEOUT_S, handshake)
+    if args.offer_timeout is not None:
+        offer = _seconds("--offer-timeout", args.offer_timeout)
+        if offer > handshake:
+            raise UsageError(
+                f"--offer-timeout {offer} is more than --handshake-timeout {handshake}"
+            )
     if not 0 <= args.min_rate < 2**64:  # also refuses NaN
         raise UsageError(f"--min-rate {args.min_rate} is not 0 (no floor)..2^64-1 bytes/s")
     connections = _at_least_one("--max-connections", args.max_connections)
@@ -104,6 +115,7 @@ def server_options(args: argparse.Namespace) -> Any:
             plaintext=args.plaintext,
             timeout=timeout,
             handshake_timeout=handshake,
+            offer_timeout=offer,
             request_timeout=request,
             max_connections=connections,
             max_handshakes=handshakes,
@@ -114,17 +126,22 @@ def server_options(args: argparse.Namespace) -> Any:
         raise UsageError(f"--{exc}") from None  # epoch, chunk: the message starts with its name
 
 
-def _synthetic(text: str, parts: int) -> list[int]:
+def _synthetic(text: str, parts: int, optional_bytes: bool = False) -> list[int]:
+    """SEED:COUNT:BYTES (`parts` 3) or SEED:COUNT (2; with `optional_bytes`, or
+    SEED:COUNT:BYTES)."""
     try:
         values = [int(x) for x in text.split(":")]
     except ValueError:
         raise UsageError(f"--synthetic {text!r}: integers separated by ':'") from None
     shape = "SEED:COUNT:BYTES" if parts == 3 else "SEED:COUNT"
-    if len(values) != parts or any(v < 0 for v in values):
+    allowed = (parts, 3) if optional_bytes else (parts,)
+    if optional_bytes:
+        shape = "SEED:COUNT[:BYTES]"
+    if len(values) not in allowed or any(v < 0 for v in values):
         raise UsageError(f"--synthetic {text!r} is not {shape}")
     if values[1] < 1:
         raise UsageError(f"--synthetic {text!r}: COUNT {values[1]} is not >= 1")
-    if parts == 3 and values[2] < 1:
+    if len(values) == 3 and values[2] < 1:
         raise UsageError(f"--synthetic {text!r}: BYTES {values[2]} is not >= 1")
     return values
 
@@ -163,6 +180,17 @@ def _credentials(args: argparse.Namespace) -> tuple[Any, Any]:
     return TransferIdentity(key), PeerPolicy(trust, expected_key_id=expected)
 
 
+def _reloading(policy: Any, path: str) -> None:
+    """Make `policy` read its trust file again whenever the file changes (checked at
+    every connection), starting from the file as it is now."""
+    from catsproto.adapters.transfer_tls import TrustFile
+
+    trust = TrustFile(path)
+    if trust.current() is None:  # it loaded a moment ago, in _credentials
+        raise UsageError(f"--trust {path}: {trust.error}")
+    policy.trust = trust
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from catsproto.adapters.transfer_tls import TransferServer
     from catsproto.transfer import synthetic_keys, synthetic_store
@@ -172,6 +200,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = server_options(args)
     store = synthetic_store(synthetic_keys(seed, count), size)
     identity, policy = _credentials(args)
+    if policy is not None:
+        _reloading(policy, args.trust)
     try:
         server = TransferServer(identity, policy, store.get, host, port, options).start()
     except OSError as exc:
@@ -193,9 +223,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from catsproto.adapters.transfer_tls import pull
-    from catsproto.transfer import synthetic_keys
+    from catsproto.transfer import DEFAULT_MAX_BLOCK, synthetic_keys
 
-    seed, count = _synthetic(args.synthetic, 2)
+    seed, count, *expected = _synthetic(args.synthetic, 2, optional_bytes=True)
     source = _address(args.source)
     rate = _rate(args)
     timeout = _seconds("--timeout", args.timeout)
@@ -215,6 +245,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             rate_bps=rate,
             timeout=timeout,
             handshake_timeout=handshake_timeout,
+            max_block_bytes=expected[0] if expected else DEFAULT_MAX_BLOCK,
         )
     finally:
         if identity is not None:
@@ -288,6 +319,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "handshake together); a peer still unauthenticated then is dropped",
     )
     s.add_argument(
+        "--offer-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="seconds from accept until the peer's offer is in whole; a peer silent that "
+        f"long is dropped (default: {OFFER_TIMEOUT_S:g}, or --handshake-timeout if shorter)",
+    )
+    s.add_argument(
         "--request-timeout",
         metavar="SECONDS",
         type=float,
@@ -309,21 +347,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         type=int,
         default=MAX_CONNECTIONS,
-        help="connections served at once; one more is closed at accept, unserved",
+        help="connections served at once; one more is closed at accept, unserved, unless "
+        "one is still unauthenticated: then the oldest such is closed for it",
     )
     s.add_argument(
         "--max-handshakes",
         metavar="N",
         type=int,
-        help="of those, how many may still be unauthenticated; one more is closed at accept "
-        "(default: half of --max-connections, at least 1)",
+        help="of those, how many may still be unauthenticated; one more closes the oldest "
+        "of them (default: half of --max-connections, at least 1)",
     )
     s.add_argument(
         "--max-handshakes-per-address",
         metavar="N",
         type=int,
-        help="unauthenticated connections from one peer address at once (default: a "
-        "quarter of --max-handshakes, at least 1)",
+        help="unauthenticated connections from one source at once, an IPv4 address or an "
+        "IPv6 /64; one more closes that source's oldest (default: a quarter of "
+        "--max-handshakes, at least 1)",
     )
     s.set_defaults(func=cmd_serve)
 
@@ -337,7 +377,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     common(q)
     q.add_argument("--from", dest="source", required=True, help="holder HOST:PORT")
-    q.add_argument("--synthetic", required=True, help="SEED:COUNT of the prefix to pull")
+    q.add_argument(
+        "--synthetic",
+        required=True,
+        help="SEED:COUNT of the prefix to pull; SEED:COUNT:BYTES also refuses a block "
+        "announced larger than BYTES (the expected size) before reading it",
+    )
     q.add_argument("--holder", help="the holder's key id (hex): refuse any other node")
     q.add_argument(
         "--transfer-id",

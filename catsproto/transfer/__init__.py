@@ -22,6 +22,7 @@ from catsproto.transfer.content import (
     synthetic_store,
 )
 from catsproto.transfer.errors import (
+    BlockTooLargeError,
     DigestMismatchError,
     FrameError,
     PeerRefusedError,
@@ -46,6 +47,7 @@ from catsproto.transfer.frames import (
 from catsproto.transfer.holder import Holder, HolderState, PeerCancelled, PullReceived
 from catsproto.transfer.pacing import TokenBucket
 from catsproto.transfer.puller import (
+    DEFAULT_MAX_BLOCK,
     Accepted,
     BlockVerified,
     Cancelled,

@@ -54,6 +54,11 @@ class ProtocolViolationError(TransferError):
     (a block out of prefix order, a key that was not asked for, too many bytes)."""
 
 
+class BlockTooLargeError(ProtocolViolationError):
+    """A BLOCK header announces more bytes than the puller's limit (the size it expects
+    for that block): refused at the header, before any of the payload is read."""
+
+
 class PeerRefusedError(TransferError):
     """The peer answered with a refusal or cancelled; `code` says which."""
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from catsproto.transfer.content import StoredBlock, digester
 from catsproto.transfer.errors import (
+    BlockTooLargeError,
     DigestMismatchError,
     PeerRefusedError,
     ProtocolViolationError,
@@ -148,6 +149,8 @@ class Puller:
             raise ValueError("a pull needs at least one key")
         if resume is not None and resume.keys != self.keys:
             raise ValueError("resume state is for another prefix")
+        if max_block_bytes < 0:
+            raise ValueError(f"max_block_bytes {max_block_bytes} is not >= 0")
         self.rate_bps = rate_bps
         self.max_block_bytes = max_block_bytes
         self.state = PullerState.IDLE
@@ -297,8 +300,9 @@ class Puller:
                 f"block {index} has key {b.key:016x}, asked {self.keys[index]:016x}"
             )
         if b.size > self.max_block_bytes:
-            raise ProtocolViolationError(
-                f"block {index} of {b.size} bytes over the limit of {self.max_block_bytes}"
+            raise BlockTooLargeError(
+                f"block {index} (key {b.key:016x}) announced as {b.size} bytes, over the "
+                f"limit of {self.max_block_bytes} (the size expected): refused before its payload"
             )
         self._current = _Current(b, hasher=digester(b.key, b.size))
         self.state = PullerState.IN_BLOCK
