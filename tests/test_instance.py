@@ -198,9 +198,14 @@ def test_fcfs_queue_and_scaled_clock() -> None:
         import threading
 
         results: list[dict[str, Any]] = []
-        body = {"hash_ids": [1, 2], "input_length": 1000}  # 1 model s = 0.1 wall s
+
+        def body(k: int) -> dict[str, Any]:
+            """1000 tokens (1 model s = 0.1 wall s) in 63 blocks; all share the first two."""
+            return {"hash_ids": [1, 2, *range(100 * k, 100 * k + 61)], "input_length": 1000}
+
         threads = [
-            threading.Thread(target=lambda: results.append(engine.submit(body))) for _ in range(3)
+            threading.Thread(target=lambda k=k: results.append(engine.submit(body(k))))
+            for k in range(1, 4)
         ]
         t0 = time.monotonic()
         for t in threads:

@@ -51,7 +51,9 @@ def trust_of(*names: str) -> TrustStore:
                 KEYS[n].public.raw,
                 cs_ids=[1],
                 routes=["10.0.0.0/8"],
-                addresses=["10.0.0.0/8"],
+                # the holders below serve on loopback: a puller dials only a holder
+                # at an instance address its key is authorised for
+                addresses=["10.0.0.0/8", "127.0.0.0/8"],
                 not_before_ms=now - 60_000,
                 not_after_ms=now + 3_600_000,
             )
@@ -179,18 +181,21 @@ def test_wrong_or_untrusted_holder_is_refused_and_nothing_is_admitted(
     assert not reply["transfer"]["ok"] and "wrong-peer" in reply["transfer"]["error"]
     assert reply["transfer"]["attempts"] == 1  # a refusal is not retried
     assert reply["cached_blocks"] == 0 and reply["prefill_tokens"] == 4 * BS
-    # a holder whose key the puller's trust store lacks
+    # a holder whose key the puller's trust store lacks: not even dialled
     c = serve("c", trust=trust_of("a", "b", "c"))
     try:
         c.engine.submit({"prompt_token_ids": tokens}, timeout=10)
         reply = b.engine.submit(
             {"prompt_token_ids": prompt(5, 4), "kv_source": b_source_json(c)}, timeout=10
         )
-        assert "unknown-key" in reply["transfer"]["error"]
+        assert "not dialled" in reply["transfer"]["error"]
+        assert "trust store" in reply["transfer"]["error"]
         assert reply["transfer"]["blocks"] == 0 and reply["cached_blocks"] == 4  # its own
+        assert c.server.stats.connections == 0
     finally:
         c.close()
     assert b.engine.state()["transfers"]["failed"] == 2
+    assert b.engine.state()["transfers"]["refused"] == 1
 
 
 def test_bad_instructions_are_refused_before_anything_happens(pair: tuple[Served, Served]) -> None:

@@ -19,6 +19,9 @@ exposes its counters. Compute metrics come from a callable (here the engine's qu
     POST /generate   {"prompt_token_ids": [...]} or {"hash_ids": [...], "input_length": n}
                      -> answered when prefill ends (the first token): the client measures
                         time to first token; the body tells cached and computed tokens
+                        (n at most ids × block size, every prompt at most
+                        ``max_prompt_tokens``: else 400; a request the worker fails on
+                        is a 500, counted in /state, and the worker serves the next)
     GET  /state      the engine's queue and cache, the node's counters, stale hits
     GET  /advertisements   the latest advertisement per route (hex and JSON)
     GET  /metrics    Prometheus text
@@ -32,7 +35,10 @@ TOKEN`` (others get 401, their body unread, counted in ``unauthorised``). Withou
 /generate still serves everybody but answers with the block count alone
 (`public_reply`: a cached and a cold prompt get the same body; only the time the
 answer takes still differs, as it does on any engine that reuses a cache), and the
-three views are refused (403).
+three views are refused (403). The KV events carry the prompts' token ids, and ZMQ asks
+no credential, so the engine publishes them only where others cannot connect (inproc,
+loopback tcp, ipc in a folder of mode 0700 of ours) unless ``accept_open_events`` says
+otherwise (`catsproto.adapters.event_endpoints`).
 
 KV payloads and pulls. With ``payload_bytes`` > 0 (and a `BlockKeyer`) the engine keeps a
 synthetic payload per cached block under its advertised block key (`StoredBlock`, digest
@@ -40,7 +46,8 @@ taken at admission), dropped when the block leaves the cache: `lookup_payload` i
 its `TransferServer` serves. A /generate body may carry the steering API's instruction
 ``"kv_source": {"address", "port", "key_id", "expected_blocks"}``: before the request
 queues, the engine pulls the prompt's block keys from that holder over mutually
-authenticated TLS (`KvPuller`; the holder must be exactly ``key_id``), admits the verified
+authenticated TLS (`KvPuller`; the holder must be exactly ``key_id``, and a source whose key
+the trust store does not authorise for that address is never dialled), admits the verified
 run into its cache (so the C-SMA advertises it next) and prefills only the rest. A pull cut
 off midway is resumed once from the last verified block; one that fails admits nothing.
 ``"expected_cached_blocks"`` is what the selector claimed; an instance that finds fewer
@@ -72,6 +79,7 @@ import numpy as np
 import zmq
 
 from catsproto import wire
+from catsproto.adapters.event_endpoints import check_event_endpoint
 from catsproto.adapters.http import (
     READ_TIMEOUT_S,
     UNAUTHORISED_ERROR,
@@ -110,7 +118,7 @@ from catsproto.node import (
     TierSpec,
     VllmIngest,
 )
-from catsproto.security import TrustStore
+from catsproto.security import KeyExpiredError, TrustStore
 from catsproto.transfer import Outcome, StaleHitLedger, StoredBlock, synthetic_payload
 from catsproto.wire import Tier
 
@@ -120,6 +128,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MEDIUM_OF_TIER",
     "EngineConfig",
+    "EngineError",
     "InstanceServer",
     "KvPuller",
     "KvSource",
@@ -134,10 +143,17 @@ MEDIUM_OF_TIER = {Tier.HBM: "GPU", Tier.DRAM: "CPU", Tier.SSD: "DISK", Tier.REMO
 _NONE_HASH = bytes(8)
 _TOKEN_SPACE = 1 << 31
 _EVICTED_MEMORY = 1 << 17  # evicted block hashes remembered, to tell stale from never held
+# a million-token context, past any model the lab serves: 131 s of prefill at 8,000 tokens
+# per second, where a prompt of unbounded length held the FCFS worker for hours
+DEFAULT_MAX_PROMPT_TOKENS = 1 << 20
 
 
 class PromptError(ValueError):
     """A request body the engine cannot serve."""
+
+
+class EngineError(RuntimeError):
+    """The worker failed on a request (counted; the worker goes on with the next one)."""
 
 
 def vllm_block_hash(parent: int | None, tokens: Sequence[int]) -> int:
@@ -180,8 +196,13 @@ class EngineConfig:
     )
     pub_endpoint: str = "tcp://127.0.0.1:*"
     replay_endpoint: str | None = "tcp://127.0.0.1:*"
+    accept_open_events: bool = False
+    """Publish KV events (prompt token ids) on endpoints others can reach: a non-loopback
+    tcp address, an ipc folder not private to us (`event_endpoints`)."""
     payload_bytes: int = 0
     """Synthetic KV bytes stored per cached block (0: none); needs a keyer."""
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    """The longest prompt served (vLLM's max_model_len); a longer one is refused (400)."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +242,13 @@ class KvSource:
 @dataclass
 class KvPuller:
     """Pulls prefixes for the engine: the node's transfer identity, the trust store that
-    says which holders are real, and the address to pull from (the instance's own)."""
+    says which holders are real, and the address to pull from (the instance's own).
+
+    It dials only holders the trust store knows: the source's key must be authorised
+    (and valid now) for the source's address as an instance address, and the port must
+    be `holder_port` when one is set (`refusal`). A /generate body names the source, so
+    without this anyone who may call /generate could make the instance open connections
+    to any host and port."""
 
     identity: TransferIdentity
     trust: TrustStore
@@ -229,7 +256,26 @@ class KvPuller:
     rate_bps: int = 0
     timeout: float = 30.0
     attempts: int = 2  # the first pull, then one resumption from the last verified block
+    holder_port: int | None = None  # the holders' transfer port (None: any)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def refusal(self, source: KvSource, now_ms: int) -> str:
+        """Why `source` is not dialled, or "" when it may be."""
+        key = source.key_id.hex()
+        auth = self.trust.lookup(source.key_id)
+        if auth is None:
+            return f"key {key} is not a holder this instance's trust store authorises"
+        try:
+            auth.check_validity(now_ms)
+        except KeyExpiredError as exc:
+            return str(exc)
+        address = ipaddress.ip_address(source.host)
+        if not any(address in net for net in auth.addresses):
+            allowed = ", ".join(str(n) for n in auth.addresses)
+            return f"{source.host} is not an instance address of key {key} ({allowed})"
+        if self.holder_port is not None and source.port != self.holder_port:
+            return f"port {source.port} is not the holders' transfer port {self.holder_port}"
+        return ""
 
     def pull(self, source: KvSource, keys: Sequence[int]) -> tuple[PullResult, int]:
         """(the last attempt's result, attempts made). Admit only `result.completed`."""
@@ -269,6 +315,8 @@ class _Job:
     source: str = "local"
     found: int = 0  # leading blocks here (or pulled) when the request arrived
     outcome: dict[str, Any] = field(default_factory=dict)
+    outstanding: int = 0  # of its tokens, those still counted in the engine's backlog
+    error: str = ""  # why the worker could not serve it
 
 
 class ModelledEngine:
@@ -295,12 +343,22 @@ class ModelledEngine:
         self._evicted: OrderedDict[int, float] = OrderedDict()  # hash -> when it left
         self._evicted_keys: OrderedDict[int, None] = OrderedDict()  # the same, by block key
         self.ledger = StaleHitLedger()
-        self.transfers = {"pulls": 0, "failed": 0, "blocks": 0, "bytes": 0, "resumed": 0}
+        self.transfers = {
+            "pulls": 0,
+            "failed": 0,
+            "refused": 0,  # not dialled: a source the puller's trust store does not name
+            "blocks": 0,
+            "bytes": 0,
+            "resumed": 0,
+        }
         # pulls served from here that stopped at a block this cache had evicted, or had
         # never held (the puller's summary view had a false positive)
         self.served_missing = {"evicted": 0, "not-held": 0}
         self.last_advertised = float("-inf")
         """time.monotonic() of the C-SMA's latest advertisement (set by whoever sends it)."""
+        for endpoint in (config.pub_endpoint, config.replay_endpoint):
+            if endpoint is not None:  # the events carry prompt token ids: keep them ours
+                check_event_endpoint(endpoint, accept_open=config.accept_open_events)
         self.publisher = VllmEventPublisher(
             config.pub_endpoint, config.replay_endpoint, context=context
         )
@@ -313,6 +371,9 @@ class ModelledEngine:
         self.running = 0
         self.outstanding_tokens = 0
         self.busy_s = 0.0
+        self.worker_errors = 0
+        self.worker_error = ""
+        """The worker's latest failure on a request (``worker_errors`` counts them)."""
         self.started = time.monotonic()
         self._worker = threading.Thread(target=self._run, daemon=True, name="engine")
         self._worker.start()
@@ -322,14 +383,21 @@ class ModelledEngine:
     def prompt_blocks(
         self, body: dict[str, Any]
     ) -> tuple[list[tuple[int, int | None, list[int] | None]], int]:
-        """(hash, parent, tokens) of every full block of a request body, and its length."""
-        bs = self.config.block_size
+        """(hash, parent, tokens) of every full block of a request body, and its length.
+        A Mooncake prompt's input_length must fit its blocks (ids × block size), and no
+        prompt may be longer than ``max_prompt_tokens``: the FCFS worker prefills it."""
+        bs, limit = self.config.block_size, self.config.max_prompt_tokens
         if "prompt_token_ids" in body:
             tokens = body["prompt_token_ids"]
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and 0 <= t < 1 << 32 for t in tokens
             ):
                 raise PromptError("prompt_token_ids must be a list of u32 token ids")
+            if len(tokens) > limit:
+                raise PromptError(
+                    f"prompt_token_ids: {len(tokens)} tokens, over this instance's limit "
+                    f"of {limit} (max_prompt_tokens)"
+                )
             blocks: list[tuple[int, int | None, list[int] | None]] = []
             parent = None
             for start in range(0, len(tokens) - len(tokens) % bs, bs):
@@ -344,8 +412,19 @@ class ModelledEngine:
                 type(i) is int and 0 <= i < 1 << 64 for i in ids
             ):
                 raise PromptError("hash_ids must be a list of integers 0..2^64-1")
-            if not isinstance(length, int) or length < 0:
-                raise PromptError("input_length must be a non-negative integer")
+            if type(length) is not int or length < 0:
+                shown = repr(length) if len(repr(length)) <= 40 else repr(length)[:37] + "..."
+                raise PromptError(f"input_length must be a non-negative integer, not {shown}")
+            if length > len(ids) * bs:
+                raise PromptError(
+                    f"input_length {length} exceeds what the prompt's {len(ids)} blocks of "
+                    f"{bs} tokens hold ({len(ids) * bs}): a Mooncake hash id names one block"
+                )
+            if length > limit or len(ids) > -(-limit // bs):
+                raise PromptError(
+                    f"hash_ids: {len(ids)} blocks, input_length {length}: over this "
+                    f"instance's limit of {limit} tokens (max_prompt_tokens)"
+                )
             return [(h, p, None) for h, p in zip(ids, [None, *ids], strict=False)], length
         raise PromptError("give prompt_token_ids, or hash_ids and input_length")
 
@@ -395,9 +474,12 @@ class ModelledEngine:
             job.outcome = self._outcome(job, job.found)
             self.waiting += 1
             self.outstanding_tokens += length
+            job.outstanding = length
         self._queue.put(job)
         if not job.done.wait(timeout):
             raise TimeoutError("request not served in time")
+        if job.error:
+            raise EngineError(f"the engine failed on this request: {job.error}")
         return job.result
 
     def _pull(
@@ -405,6 +487,25 @@ class ModelledEngine:
     ) -> tuple[tuple[StoredBlock, ...], dict[str, Any]]:
         """Pull `keys` from `source`; the verified run (empty unless the pull completed)."""
         assert self.puller is not None
+        refused = self.puller.refusal(source, int(time.time() * 1000))
+        if refused:
+            with self._lock:
+                self.transfers["pulls"] += 1
+                self.transfers["failed"] += 1
+                self.transfers["refused"] += 1
+            return (), {
+                "from": source.to_json(),
+                "ok": False,
+                "blocks": 0,
+                "requested": len(keys),
+                "recompute_from": 0,
+                "payload_bytes": 0,
+                "wire_bytes": 0,
+                "seconds": 0.0,
+                "attempts": 0,
+                "holder_key_id": "",
+                "error": f"not dialled: {refused}",
+            }
         result, attempts = self.puller.pull(source, keys)
         done = result.completed
         blocks = done.blocks if done is not None else ()
@@ -489,7 +590,8 @@ class ModelledEngine:
         }
 
     def _run(self) -> None:
-        bs = self.config.block_size
+        """Serve the queue FCFS. A request the worker fails on is answered with the error
+        and counted (``worker_errors``); the worker goes on with the next one."""
         while True:
             job = self._queue.get()
             if job is None:
@@ -497,49 +599,66 @@ class ModelledEngine:
             with self._lock:
                 self.waiting -= 1
                 self.running += 1
-                for i, (h, parent, tokens) in enumerate(job.blocks):
-                    if h not in self._blocks:
-                        self._blocks[h] = (parent, tokens)
-                    if job.keys is not None:
-                        self._key_of[h] = job.keys[i]
-                hashes = [b[0] for b in job.blocks]
-                events: list[BlockEvent] = []
-                if job.pulled:  # the verified run first, as if computed here earlier
-                    _, events = self.cache.admit(hashes[: len(job.pulled)])
-                    self._track_payloads(events, job)
-                hit, more = self.cache.admit(hashes)
-                self._track_payloads(more, job)
-                events += more
-                cached = min(job.input_length, hit.depth * bs)
-                computed = job.input_length - cached
-                self.outstanding_tokens -= cached
-                self.hits.lookup_blocks += len(job.blocks)
-                self.hits.hit_blocks += hit.depth
-            self._publish(events)
-            prefill_s = computed / self.config.prefill_rate_tps
-            start = time.monotonic()
-            time.sleep(prefill_s / self.config.time_scale)
-            with self._lock:
-                self.running -= 1
-                self.outstanding_tokens -= computed
-                self.busy_s += time.monotonic() - start
-            job.result = {
-                "blocks": len(job.blocks),
-                "cached_blocks": hit.depth,
-                "cached_blocks_by_tier": {
-                    t.name.lower(): hit.blocks_in(t) for t in self.cache.order if hit.blocks_in(t)
-                },
-                "cached_tokens": cached,
-                "prefill_tokens": computed,
-                "model_prefill_ms": round(1000 * prefill_s, 3),
-                "queue_wall_ms": round(1000 * (start - job.arrived), 3),
-                **job.outcome,
-            }
-            if job.found > hit.depth:
-                job.result["lost_while_queued"] = job.found - hit.depth
-            if job.transfer is not None:
-                job.result["transfer"] = job.transfer
+            try:
+                self._prefill(job)
+            except Exception as exc:  # one request's fault must not end the queue
+                job.error = f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    self.worker_errors += 1
+                    self.worker_error = job.error
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self.outstanding_tokens -= job.outstanding
+                    job.outstanding = 0
             job.done.set()
+
+    def _prefill(self, job: _Job) -> None:
+        """Admit a request's blocks, publish the events, sleep for the prefill of what
+        was not cached, and fill in its result (worker thread)."""
+        bs = self.config.block_size
+        with self._lock:
+            for i, (h, parent, tokens) in enumerate(job.blocks):
+                if h not in self._blocks:
+                    self._blocks[h] = (parent, tokens)
+                if job.keys is not None:
+                    self._key_of[h] = job.keys[i]
+            hashes = [b[0] for b in job.blocks]
+            events: list[BlockEvent] = []
+            if job.pulled:  # the verified run first, as if computed here earlier
+                _, events = self.cache.admit(hashes[: len(job.pulled)])
+                self._track_payloads(events, job)
+            hit, more = self.cache.admit(hashes)
+            self._track_payloads(more, job)
+            events += more
+            cached = min(job.input_length, hit.depth * bs)
+            computed = job.input_length - cached
+            self.outstanding_tokens -= cached
+            job.outstanding -= cached
+            self.hits.lookup_blocks += len(job.blocks)
+            self.hits.hit_blocks += hit.depth
+        self._publish(events)
+        prefill_s = computed / self.config.prefill_rate_tps
+        start = time.monotonic()
+        time.sleep(prefill_s / self.config.time_scale)
+        with self._lock:
+            self.busy_s += time.monotonic() - start
+        job.result = {
+            "blocks": len(job.blocks),
+            "cached_blocks": hit.depth,
+            "cached_blocks_by_tier": {
+                t.name.lower(): hit.blocks_in(t) for t in self.cache.order if hit.blocks_in(t)
+            },
+            "cached_tokens": cached,
+            "prefill_tokens": computed,
+            "model_prefill_ms": round(1000 * prefill_s, 3),
+            "queue_wall_ms": round(1000 * (start - job.arrived), 3),
+            **job.outcome,
+        }
+        if job.found > hit.depth:
+            job.result["lost_while_queued"] = job.found - hit.depth
+        if job.transfer is not None:
+            job.result["transfer"] = job.transfer
 
     def _stored(self, medium: str, hashes: Sequence[int]) -> list[Any]:
         """BlockStored events for `hashes`, one per run that chains parent to child."""
@@ -603,6 +722,8 @@ class ModelledEngine:
                 "stale_hits": self.ledger.to_json(),
                 "transfers": dict(self.transfers),
                 "served_missing": dict(self.served_missing),
+                "worker_errors": self.worker_errors,
+                "worker_error": self.worker_error,
                 # null until the C-SMA has advertised once (strict JSON has no Infinity)
                 "last_advertised_s_ago": (
                     round(time.monotonic() - self.last_advertised, 3)
@@ -896,6 +1017,9 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
                 return
             except (PromptError, ValueError) as exc:
                 self._json(400, {"error": str(exc)})
+                return
+            except EngineError as exc:
+                self._json(500, {"error": str(exc)})
                 return
             self._json(200, result if token is not None else public_reply(result))
 

@@ -6,7 +6,8 @@ Strategy. An L7 gateway or a client asks the ingress where a request should go:
                     or {"cs_id": 100, "block_keys": [int | "hex", ...], "prompt_tokens": n}
                     -> {"instance", "url", "site", "path", "route", "chosen", "runner_up",
                         "explanation", "decision_ms", "install_ms", ...}
-                    or {"cs_id": 100, "hash_ids": [...], "input_length": n} (Mooncake)
+                    or {"cs_id": 100, "hash_ids": [...], "input_length": n} (Mooncake;
+                    n at most ids × block size, since /generate forwards it)
     POST /generate  the same body: decide, install, then proxy it to the chosen
                     instance's /generate and answer with the instance's reply plus the
                     decision ("steering"); a "compute here, pull from there" decision
@@ -531,8 +532,14 @@ class SteeringService:
                 raise SteeringError(f"hash_ids: {len(ids)} ids, over the limit of {limit} blocks")
             if not isinstance(ids, list) or not all(_is_uint(i, (1 << 64) - 1) for i in ids):
                 raise SteeringError("hash_ids must be a list of integers 0..2^64-1")
-            keys = mooncake_block_keys(self.keyer, ids)
             length = body.get("input_length")
+            if _is_uint(length, MAX_PROMPT_TOKENS) and length > len(ids) * bs:
+                # forwarded to the instance, whose FCFS worker would prefill all of it
+                raise SteeringError(
+                    f"input_length {length} exceeds what the prompt's {len(ids)} blocks of "
+                    f"{bs} tokens hold ({len(ids) * bs})"
+                )
+            keys = mooncake_block_keys(self.keyer, ids)
         else:
             raise SteeringError(
                 "give prompt_token_ids, block_keys (and prompt_tokens) or hash_ids "

@@ -41,6 +41,7 @@ from catsproto.node import (
 from catsproto.wire import Tier
 
 DEFAULT_TIERS = ["hbm:2048:5:1600000", "dram:16384:30:400000"]
+DEFAULT_MAX_PROMPT_TOKENS = 1 << 20  # the modelled engine's own default (adapters.instance)
 DEFAULT_BLOCK_SIZE = 16  # without an engine to ask (instance serve; node without --engine-url)
 VLLM_EVENTS_ENDPOINT = "tcp://*:5557"  # vLLM's KVEventsConfig.endpoint default
 NODE_PORT = 8101  # instance serve's HTTP API is 8100
@@ -187,6 +188,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name, value in (("--prefill-rate", args.prefill_rate), ("--time-scale", args.time_scale)):
         if not 0 < value < math.inf:  # also refuses NaN
             raise UsageError(f"{name} {value} is not a positive number")
+    if args.max_prompt_tokens < 1:
+        raise UsageError(f"--max-prompt-tokens {args.max_prompt_tokens} is not >= 1")
     config = _builder_config(args, tiers) if not args.no_node else None
     secret = _secret(args) if not args.no_node else b""
     on_routes, sink = _writer(args.adverts_out) if config is not None else (None, None)
@@ -199,6 +202,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 tiers=tuple(tiers),
                 pub_endpoint=args.pub_endpoint,
                 replay_endpoint=args.replay_endpoint,
+                accept_open_events=args.accept_open_kv_events,
+                max_prompt_tokens=args.max_prompt_tokens,
             )
         )
     except (zmq.ZMQError, ValueError) as exc:
@@ -551,7 +556,10 @@ def register(subparsers: Any) -> None:
         "vLLM-format KV events on ZMQ (--pub-endpoint, --replay-endpoint). Unless "
         "--no-node, the node (C-SMA) in the same process ingests those events and builds "
         "advertisements (unsigned; written to --adverts-out). Prints its endpoints as JSON "
-        "on stderr; runs until SIGINT or SIGTERM.",
+        "on stderr; runs until SIGINT or SIGTERM. The KV events carry the prompts' token "
+        "ids and ZMQ asks no credential, so they go only where other users cannot connect "
+        "(inproc, loopback tcp, ipc://FOLDER/NAME with FOLDER mode 0700 and owned by this "
+        "user) unless --accept-open-kv-events.",
     )
     s.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on")
     s.add_argument("--port", type=int, default=8100, help="port of the HTTP API (0: any)")
@@ -564,12 +572,30 @@ def register(subparsers: Any) -> None:
     s.add_argument(
         "--pub-endpoint",
         default="tcp://127.0.0.1:*",
-        help="ZMQ endpoint the engine publishes vLLM KV events on (*: any port)",
+        help="ZMQ endpoint the engine publishes vLLM KV events on (*: any port); inproc, "
+        "loopback tcp or ipc in a private folder unless --accept-open-kv-events",
     )
     s.add_argument(
         "--replay-endpoint",
         default="tcp://127.0.0.1:*",
-        help="ZMQ endpoint of the engine's replay service (*: any port)",
+        help="ZMQ endpoint of the engine's replay service (*: any port); the same rule",
+    )
+    s.add_argument(
+        "--accept-open-kv-events",
+        action="store_true",
+        help="publish KV events where others can connect: the events carry prompt token "
+        "ids and ZMQ asks no credential (no CURVE: subscribers written for vLLM could not "
+        "read it), so without this flag a tcp endpoint that is not loopback, ipc://*, "
+        "ipc://@NAME and an ipc folder that is not mode 0700 and ours are refused (a "
+        "missing ipc folder is made 0700); give it only on a network protected otherwise",
+    )
+    s.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=DEFAULT_MAX_PROMPT_TOKENS,
+        help="the longest prompt served, as vLLM's max_model_len (a Mooncake input_length "
+        "must also fit its hash_ids × --block-size); longer ones get 400 "
+        f"(default {DEFAULT_MAX_PROMPT_TOKENS})",
     )
     s.add_argument(
         "--keys",

@@ -318,8 +318,8 @@ class ServedInstance:
         host = host or str(spec.address)
         keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
         self.identity = TransferIdentity(signer) if trust is not None else None
-        puller = (
-            KvPuller(self.identity, trust, source_address=host)
+        puller = (  # dials only lab holders, at their own address and transfer port
+            KvPuller(self.identity, trust, source_address=host, holder_port=transfer_port)
             if self.identity is not None and trust is not None
             else None
         )
