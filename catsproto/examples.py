@@ -207,6 +207,7 @@ SCOPE_ADDRESSES = (
 # The node key the sealed-delegated example's delegation authorises (placeholder octets);
 # its Signature TLV names this key by its derived id, as a carried delegation requires.
 SEALED_NODE_KEY = _filler("node-key", 32)
+SITE_NODE_KEY = _filler("site-node-key", 32)  # the same for the site-delegated example
 
 
 def examples() -> list[Example]:
@@ -362,6 +363,38 @@ def examples() -> list[Example]:
                 *_header("192.0.2.16", seq=45),
                 MetricsL2(4),
                 SealedCache(200, 7, _filler("nonce-200", 24), _filler("ct-200", 48)),
+            ),
+        ),
+        Example(
+            "site-delegated",
+            "A delegation carried in-band that binds the node key to site 1: CS-ID 100, "
+            "route 10.0.0.0/16, instance address 192.0.2.17/32 and a site entry (kind "
+            "4), the one optional scope kind (placeholder keys and signature bytes). The "
+            "Origin names site 1; one naming any other site would be refused as "
+            "not-authorised, whereas a delegation without site entries authorises every "
+            f"site. The Signature TLV's Key ID {key_id(SITE_NODE_KEY).hex()} is the one "
+            "derived from the delegation's Node Public Key.",
+            Advertisement.build(
+                *_header("192.0.2.17", seq=46),
+                Delegation(
+                    algorithm=SignatureAlgorithm.ED25519,
+                    operator_key_id=_filler("op-key-id", 8),
+                    node_key=SITE_NODE_KEY,
+                    not_before_ms=T0_MS,
+                    not_after_ms=T0_MS + 30 * 86_400_000,
+                    operator_signature=_filler("site-op-sig", 64),
+                    scope=(
+                        ScopeEntry.for_cs_id(100),
+                        ScopeEntry.for_network(
+                            ScopeKind.ROUTE, ipaddress.ip_network("10.0.0.0/16")
+                        ),
+                        ScopeEntry.for_network(
+                            ScopeKind.ADDRESS, ipaddress.ip_network("192.0.2.17/32")
+                        ),
+                        ScopeEntry.for_site(1),
+                    ),
+                ),
+                Signature(SignatureAlgorithm.ED25519, key_id(SITE_NODE_KEY), _filler("s-17", 64)),
             ),
         ),
     ]

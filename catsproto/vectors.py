@@ -46,9 +46,24 @@ DELEGATION_HEAD = (
     " 01 08 " + "11" * 8 + " 20 " + "22" * 32
     + " 0000000000000001 0000000000000002 40 " + "33" * 64
 )  # fmt: skip
+# The same with one Ed25519 length wrong (each one octet short of the draft's MUST or,
+# for the key id, the 4 octets the code once accepted): 120 or 123 octets.
+DELEGATION_HEAD_KEY_ID_4 = (
+    " 01 04 " + "11" * 4 + " 20 " + "22" * 32
+    + " 0000000000000001 0000000000000002 40 " + "33" * 64
+)  # fmt: skip
+DELEGATION_HEAD_NODE_KEY_31 = (
+    " 01 08 " + "11" * 8 + " 1f " + "22" * 31
+    + " 0000000000000001 0000000000000002 40 " + "33" * 64
+)  # fmt: skip
+DELEGATION_HEAD_SIGNATURE_63 = (
+    " 01 08 " + "11" * 8 + " 20 " + "22" * 32
+    + " 0000000000000001 0000000000000002 3f " + "33" * 63
+)  # fmt: skip
 SCOPE_CS_ROUTE = " 01 04 00000064 02 05 10 0a000000"  # CS-ID 100, route 10.0.0.0/16
 SCOPE_V4_32 = " 03 05 20 c000020e"  # address 192.0.2.14/32
 SCOPE_V6_32 = " 03 11 20 20010db8000000000000000000000000"  # address 2001:db8::/32
+SCOPE_SITE_1 = " 04 04 00000001"  # site 1
 
 # Whole path attributes (flags, type 255, length, value): the value is minimal-ipv4.
 MINIMAL = HEADER.replace(" ", "")
@@ -217,12 +232,72 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         316,
     ),
     (
-        "ed25519-signature-short",
-        HEADER + " 00ff 0042 01 01 61 " + "ab" * 63,
+        "ed25519-signature-short",  # an 8-octet Key ID, a 63-octet signature
+        HEADER + " 00ff 0049 01 08 " + "61" * 8 + " " + "ab" * 63,
         wire.BadLengthError,
         55,
         255,
     ),
+    (
+        "ed25519-key-id-short",  # a 1-octet Key ID; an Ed25519 Key ID is 8 octets
+        HEADER + " 00ff 0043 01 01 61 " + "ab" * 64,
+        wire.BadLengthError,
+        55,
+        255,
+    ),
+    (
+        "delegation-operator-key-id-short",  # 4 octets; Ed25519's is 8
+        HEADER + " 00fe 008c" + DELEGATION_HEAD_KEY_ID_4 + SCOPE_CS_ROUTE + SCOPE_V4_32,
+        wire.BadLengthError,
+        55,
+        254,
+    ),
+    (
+        "delegation-node-key-short",  # 31 octets; an Ed25519 public key is 32
+        HEADER + " 00fe 008f" + DELEGATION_HEAD_NODE_KEY_31 + SCOPE_CS_ROUTE + SCOPE_V4_32,
+        wire.BadLengthError,
+        55,
+        254,
+    ),
+    (
+        "delegation-operator-signature-short",  # 63 octets; an Ed25519 signature is 64
+        HEADER + " 00fe 008f" + DELEGATION_HEAD_SIGNATURE_63 + SCOPE_CS_ROUTE + SCOPE_V4_32,
+        wire.BadLengthError,
+        55,
+        254,
+    ),
+    (
+        # CS-ID, address and site entries: a site entry does not stand in for the route
+        # entry every delegation needs (sites are the one optional kind)
+        "scope-route-missing",
+        HEADER + " 00fe 008f" + DELEGATION_HEAD + " 01 04 00000064" + SCOPE_V4_32 + SCOPE_SITE_1,
+        wire.BadValueError,
+        55,
+        254,
+    ),
+    (
+        "scope-site-not-4-octets",  # site value 00 01: a site id is a u32
+        HEADER + " 00fe 0094" + DELEGATION_HEAD + SCOPE_CS_ROUTE + SCOPE_V4_32 + " 04 02 0001",
+        wire.BadLengthError,
+        199,
+        254,
+    ),
+    (
+        # kind 5 is unregistered: a receiver cannot skip a restriction it does not know
+        "scope-kind-unknown",
+        HEADER + " 00fe 0096" + DELEGATION_HEAD + SCOPE_CS_ROUTE + SCOPE_V4_32 + " 05 04 00000001",
+        wire.BadValueError,
+        199,
+        254,
+    ),
+    (
+        "l0-metric-type-zero",  # 0 is reserved; an unregistered type 1-65535 is kept
+        HEADER + " 0010 000d 0000 02 02 02 4049000000000000",
+        wire.BadValueError,
+        55,
+        16,
+    ),
+    ("l2-score-above-ten", HEADER + " 0012 0001 0b", wire.BadValueError, 55, 18),
 ]
 
 

@@ -32,7 +32,7 @@ sequences = st.builds(wire.Sequence, U32, U64)
 timestamps = st.builds(wire.Timestamp, U64)
 l0 = st.builds(
     wire.L0Metric,
-    U16,
+    st.integers(1, 0xFFFF),  # 0 is reserved and malformed
     st.sampled_from(wire.Unit),
     st.sampled_from(wire.Statistic),
     st.sampled_from(wire.Source),
@@ -96,9 +96,43 @@ hot_prefixes = st.builds(
 signatures = st.builds(
     wire.Signature,
     st.just(wire.SignatureAlgorithm.ED25519),
-    st.binary(min_size=1, max_size=32),
+    st.binary(min_size=8, max_size=8),  # an Ed25519 Key ID is 8 octets
     st.binary(min_size=64, max_size=64),
 )
+
+
+def _networks(kind: wire.ScopeKind):
+    v4 = st.builds(lambda a, n: ipaddress.ip_network((a, n), strict=False), U32, st.integers(0, 32))
+    v6 = st.builds(
+        lambda a, n: ipaddress.ip_network((a, n), strict=False),
+        st.integers(0, (1 << 128) - 1),
+        st.integers(0, 128),
+    )
+    return st.one_of(v4, v6).map(lambda n: wire.ScopeEntry.for_network(kind, n))
+
+
+@st.composite
+def delegations(draw):
+    """Ed25519 delegations: at least one CS-ID, route and address entry, and zero to
+    three site entries (none: every site)."""
+    scope = draw(
+        st.lists(st.integers(1, 0xFFFFFFFF).map(wire.ScopeEntry.for_cs_id), min_size=1, max_size=3)
+    )
+    scope += draw(st.lists(_networks(wire.ScopeKind.ROUTE), min_size=1, max_size=3))
+    scope += draw(st.lists(_networks(wire.ScopeKind.ADDRESS), min_size=1, max_size=3))
+    scope += draw(st.lists(U32.map(wire.ScopeEntry.for_site), max_size=3))
+    not_before = draw(st.integers(0, (1 << 64) - 2))
+    return wire.Delegation(
+        algorithm=wire.SignatureAlgorithm.ED25519,
+        operator_key_id=draw(st.binary(min_size=8, max_size=8)),
+        node_key=draw(st.binary(min_size=32, max_size=32)),
+        not_before_ms=not_before,
+        not_after_ms=draw(st.integers(not_before + 1, (1 << 64) - 1)),
+        operator_signature=draw(st.binary(min_size=64, max_size=64)),
+        scope=tuple(sorted(set(scope), key=wire.ScopeEntry.key)),
+    )
+
+
 # algorithm 1 with its 12-octet nonce, or a code no registry names with any nonce length
 sealed_caches = st.one_of(
     st.builds(
@@ -131,6 +165,7 @@ OPTIONAL = [
     capacities(),
     hot_prefixes,
     sealed_caches,
+    delegations(),
     signatures,
 ]
 

@@ -120,8 +120,8 @@ def _tlv(tlv_type: int, value: bytes) -> bytes:
     return tlv_type.to_bytes(2, "big") + len(value).to_bytes(2, "big") + value
 
 
-def _signature(length: int = 64) -> bytes:
-    return _tlv(255, bytes([1, 2]) + b"k1" + bytes(length))  # Ed25519, key id "k1"
+def _signature(length: int = 64, key: bytes = b"key-id-1") -> bytes:
+    return _tlv(255, bytes([1, len(key)]) + key + bytes(length))  # Ed25519
 
 
 SIG = _signature()
@@ -129,10 +129,12 @@ NODE, OPSIG = bytes(range(1, 33)), bytes(64)
 SCOPE = bytes.fromhex("01 04 00000064 02 05 200a000000 03 05 18c0000200")
 
 
-def _delegation(node: bytes = NODE, opsig: bytes = OPSIG, scope: bytes = SCOPE) -> bytes:
+def _delegation(
+    node: bytes = NODE, opsig: bytes = OPSIG, scope: bytes = SCOPE, operator: bytes = b"operator"
+) -> bytes:
     value = (
-        bytes([1, 2])
-        + b"op"
+        bytes([1, len(operator)])
+        + operator
         + bytes([len(node)])
         + node
         + (1).to_bytes(8, "big")
@@ -183,6 +185,19 @@ CASES = {
         "Ed25519 operator_signature is 65 bytes, not 64",
     ),
     "scope kinds": (HEADER + _delegation(scope=SCOPE[:6]), "scope has no address, route entry"),
+    "key id length": (HEADER + _signature(key=b"k1"), "Ed25519 key_id is 2 bytes, not 8"),
+    "operator key id length": (
+        HEADER + _delegation(operator=b"op"),
+        "Ed25519 operator_key_id is 2 bytes, not 8",
+    ),
+    "site scope length": (
+        HEADER + _delegation(scope=SCOPE + bytes.fromhex("04 02 0001")),
+        "site scope value is 2 bytes, not 4",
+    ),
+    "metric type zero": (
+        HEADER + bytes.fromhex("0010000d 0000 02 02 02 4010000000000000"),
+        "metric_type 0 outside 1..max",
+    ),
     "nan": (
         HEADER + bytes.fromhex("0010000d 0001 02 02 02 7ff8000000000000"),
         "value is not a finite number",

@@ -30,9 +30,9 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @st.composite
 def routed(draw):
-    """An in-scope advertisement (any optional TLVs) and a route of its address family.
-    A generated Sealed Cache TLV of algorithm 1 is dropped (random octets do not open);
-    one of an unknown algorithm stays (it is accepted unopened)."""
+    """An in-scope advertisement (any optional TLVs but a carried delegation) and a route
+    of its address family. A generated Sealed Cache TLV of algorithm 1 is dropped (random
+    octets do not open); one of an unknown algorithm stays (it is accepted unopened)."""
     adv = draw(advertisements())
     sealed = adv.get(wire.SealedCache)
     if sealed is not None and sealed.has_known_algorithm:
@@ -42,6 +42,7 @@ def routed(draw):
         wire.Origin(draw(st.sampled_from([1, 100, 0xFFFFFFFF])), adv.origin.site_id, address),
         wire.Timestamp(NOW_MS - draw(st.integers(0, 120_000))),
     ).without(wire.TLVType.SIGNATURE)
+    adv = adv.without(wire.TLVType.DELEGATION)  # a random one would not verify
     bits = draw(st.integers(0, address.max_prefixlen))
     nlri = ipaddress.ip_network((address, bits), strict=False)
     return adv, nlri

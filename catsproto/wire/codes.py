@@ -134,11 +134,15 @@ class ScopeKind(enum.IntEnum):
 
     CS_ID: value is a u32 CS-ID. ROUTE: an NLRI prefix the key may sign for. ADDRESS: a
     range the instance (Origin) address must fall in. Prefix values: length u8, address.
+    SITE: a u32 site id the Origin may name; optional (a delegation without SITE entries
+    authorises every site, one with them only those), so that an authorised node cannot
+    claim another site's id and be priced at that site's distance.
     """
 
     CS_ID = 1
     ROUTE = 2
     ADDRESS = 3
+    SITE = 4
 
 
 # L0 metric types are 16 bits; codes not listed below are allowed and shown as numbers.

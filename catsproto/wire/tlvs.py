@@ -32,7 +32,6 @@ from catsproto.wire.errors import BadLengthError, BadValueError, NonCanonicalErr
 from catsproto.wire.fields import (
     F64,
     U8,
-    U16,
     U32,
     U64,
     Address,
@@ -109,11 +108,12 @@ class Timestamp(TLV):
 class L0Metric(Record):
     """One raw CATS metric (L0): what, in which unit, summarised how, from where.
 
-    metric_type: u16, see `codes.L0_METRIC_NAMES` (unlisted codes allowed).
+    metric_type: u16, 1..65535, see `codes.L0_METRIC_NAMES` (unlisted codes allowed and
+    skipped by a receiver; 0 is reserved and malformed, as Kind 0 of a summary entry).
     value: IEEE 754 binary64 in `unit`, finite.
     """
 
-    metric_type: Annotated[int, U16]
+    metric_type: Annotated[int, UInt(2, 1)]
     unit: Annotated[Unit, U8]
     statistic: Annotated[Statistic, U8]
     source: Annotated[Source, U8]
@@ -155,7 +155,8 @@ class MetricsL1(TLV):
 
 @define_tlv(TLVType.METRICS_L2, on_error=ErrorAction.ATTRIBUTE_DISCARD)
 class MetricsL2(TLV):
-    """One fully normalised score for the instance, 0 (worst) to 10 (best)."""
+    """One fully normalised score for the instance, 0 (worst) to 10 (best); 11-255 are
+    malformed, as an L1 score above 10 is."""
 
     score: Annotated[int, UInt(1, 0, 10)]
 
@@ -313,15 +314,20 @@ class SealedCache(TLV):
 
 
 _PREFIX_VALUE_LEN = {5: 32, 17: 128}  # value length -> address bits (u8 length + address)
+# The scope kinds every delegation must hold an entry of; SITE is optional (none: any site).
+REQUIRED_SCOPE_KINDS = frozenset({ScopeKind.CS_ID, ScopeKind.ROUTE, ScopeKind.ADDRESS})
 
 
 @record
 class ScopeEntry(Record):
-    """One thing a delegation authorises: a CS-ID, a route prefix or an address range.
+    """One thing a delegation authorises: a CS-ID, a route prefix, an address range or a
+    site.
 
-    kind: see `codes.ScopeKind`. value: behind a u8 length; CS_ID: u32 (1..2^32-1);
-    ROUTE and ADDRESS: prefix length u8 then the 4 (IPv4) or 16 (IPv6) address bytes,
-    host bits zero.
+    kind: see `codes.ScopeKind` (a kind not listed there is malformed: a receiver cannot
+    skip a restriction it does not understand). value: behind a u8 length; CS_ID: u32
+    (1..2^32-1); ROUTE and ADDRESS: prefix length u8 then the 4 (IPv4) or 16 (IPv6)
+    address bytes, host bits zero; SITE: u32, any value (0 authorises an Origin that
+    names no site).
     """
 
     kind: Annotated[ScopeKind, U8]
@@ -332,6 +338,10 @@ class ScopeEntry(Record):
 
     @property
     def cs_id(self) -> int:
+        return int.from_bytes(self.value, "big")
+
+    @property
+    def site_id(self) -> int:
         return int.from_bytes(self.value, "big")
 
     @property
@@ -348,6 +358,12 @@ class ScopeEntry(Record):
         return cls(ScopeKind.CS_ID, cs_id.to_bytes(4, "big"))
 
     @classmethod
+    def for_site(cls, site_id: int) -> ScopeEntry:
+        if not 0 <= site_id <= 0xFFFFFFFF:
+            raise BadValueError(f"site_id {site_id} outside 0..4294967295")
+        return cls(ScopeKind.SITE, site_id.to_bytes(4, "big"))
+
+    @classmethod
     def for_network(
         cls, kind: ScopeKind, network: ipaddress.IPv4Network | ipaddress.IPv6Network
     ) -> ScopeEntry:
@@ -359,6 +375,10 @@ class ScopeEntry(Record):
                 raise BadValueError(
                     f"cs-id scope value must be a u32 above 0, not {self.value.hex()}"
                 )
+            return
+        if self.kind == ScopeKind.SITE:
+            if len(self.value) != 4:
+                raise BadLengthError(f"site scope value is {len(self.value)} bytes, not 4")
             return
         bits = _PREFIX_VALUE_LEN.get(len(self.value))
         if bits is None:
@@ -392,12 +412,14 @@ ED25519_SIGNATURE_LEN = 64
 class Delegation(TLV):
     """An operator key's signed statement that a node key may speak for a scope.
 
-    algorithm: 1 = Ed25519 for both keys. operator_key_id: 1..255 bytes naming the
-    operator key in the receiver's trust store. node_key: the authorised public key
-    (32 bytes for Ed25519). not_before_ms / not_after_ms: the validity period, ms since
-    1970 (not_before < not_after). operator_signature: over every other field (rules in
-    `catsproto.security.trust`). scope: the rest, strictly increasing by (kind, value),
-    with at least one CS-ID, one route and one address entry.
+    algorithm: 1 = Ed25519 for both keys. operator_key_id: behind a u8 length, naming the
+    operator key in the receiver's trust store (exactly KEY_ID_LEN = 8 bytes for
+    Ed25519, the derived `key_id`). node_key: the authorised public key (exactly 32
+    bytes for Ed25519). not_before_ms / not_after_ms: the validity period, ms since 1970
+    (not_before < not_after). operator_signature: over every other field, exactly 64
+    bytes for Ed25519 (rules in `catsproto.security.trust`). scope: the rest, strictly
+    increasing by (kind, value), with at least one CS-ID, one route and one address entry
+    and any number of site entries (none: every site). Draft, Delegation (Type 254).
     """
 
     algorithm: Annotated[SignatureAlgorithm, U8]
@@ -410,6 +432,11 @@ class Delegation(TLV):
 
     def validate(self) -> None:
         if self.algorithm == SignatureAlgorithm.ED25519:
+            if len(self.operator_key_id) != KEY_ID_LEN:
+                raise BadLengthError(
+                    f"Ed25519 operator_key_id is {len(self.operator_key_id)} bytes, "
+                    f"not {KEY_ID_LEN}"
+                )
             if len(self.node_key) != ED25519_PUBLIC_KEY_LEN:
                 raise BadLengthError(
                     f"Ed25519 node_key is {len(self.node_key)} bytes, not {ED25519_PUBLIC_KEY_LEN}"
@@ -424,9 +451,7 @@ class Delegation(TLV):
                 f"not_before_ms {self.not_before_ms} not below not_after_ms {self.not_after_ms}"
             )
         strictly_increasing(self.scope, _BY_KIND_VALUE, "scope")
-        missing = {ScopeKind.CS_ID, ScopeKind.ROUTE, ScopeKind.ADDRESS} - {
-            e.kind for e in self.scope
-        }
+        missing = REQUIRED_SCOPE_KINDS - {e.kind for e in self.scope}
         if missing:
             names = ", ".join(sorted(k.name.lower() for k in missing))
             raise BadValueError(f"scope has no {names} entry")
@@ -439,8 +464,9 @@ class Delegation(TLV):
 class Signature(TLV):
     """Signature over the rest of the advertisement (rules in `catsproto.security`).
 
-    algorithm: 1 = Ed25519 (64-byte signature). key_id: 1..255 bytes naming the
-    signing key in the trust store. signature: the rest of the value.
+    algorithm: 1 = Ed25519 (64-byte signature). key_id: behind a u8 length, naming the
+    signing key in the trust store (exactly KEY_ID_LEN = 8 bytes for Ed25519, the
+    derived `key_id`). signature: the rest of the value. Draft, Signature (Type 255).
     """
 
     algorithm: Annotated[SignatureAlgorithm, U8]
@@ -448,6 +474,8 @@ class Signature(TLV):
     signature: Annotated[bytes, Blob(min_len=1)]
 
     def validate(self) -> None:
+        if self.algorithm == SignatureAlgorithm.ED25519 and len(self.key_id) != KEY_ID_LEN:
+            raise BadLengthError(f"Ed25519 key_id is {len(self.key_id)} bytes, not {KEY_ID_LEN}")
         if (
             self.algorithm == SignatureAlgorithm.ED25519
             and len(self.signature) != ED25519_SIGNATURE_LEN

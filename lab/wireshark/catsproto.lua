@@ -51,7 +51,7 @@ local ENUMS = {
   source = { [1] = "nominal", [2] = "measured", [3] = "estimated", [4] = "aggregated" },
   signature_algorithm = { [1] = "ed25519" },
   aead = { [1] = "chacha20-poly1305" },
-  scope_kind = { [1] = "cs-id", [2] = "route", [3] = "address" },
+  scope_kind = { [1] = "cs-id", [2] = "route", [3] = "address", [4] = "site" },
   metric_type = { [1] = "gpu-utilization", [2] = "running-requests", [3] = "waiting-requests",
                   [4] = "prefill-throughput", [5] = "decode-throughput",
                   [6] = "kv-cache-utilization", [7] = "ttft", [8] = "inter-token-latency",
@@ -120,7 +120,7 @@ end
 -- still applies); min for the length of blob8 / text8 / rest. A layout's `check`
 -- function sees the record's values and returns a refusal or nil; items lists declare
 -- the fields they are strictly increasing by in `order`.
-local L0 = { { "metric_type", "enum16", names = "metric_type", open = true },
+local L0 = { { "metric_type", "enum16", names = "metric_type", open = true, min = 1 },
              { "unit", "enum8", names = "unit" },
              { "statistic", "enum8", names = "statistic" }, { "source", "enum8", names = "source" },
              { "value", "f64" } }
@@ -193,6 +193,10 @@ local function check_scope(rec)
     if #v ~= 4 or v == "\0\0\0\0" then return "cs-id scope value must be a u32 above 0" end
     return nil
   end
+  if rec.kind == 4 then
+    if #v ~= 4 then return string.format("site scope value is %d bytes, not 4", #v) end
+    return nil
+  end
   local bits = PREFIX_BITS[#v]
   if bits == nil then return string.format("scope value is %d bytes, not 5 or 17", #v) end
   local plen = v:byte(1)
@@ -219,6 +223,9 @@ local CHECKS = {
     end
   end,
   delegation = function(rec)
+    if rec.algorithm == 1 and #rec.operator_key_id ~= 8 then
+      return string.format("Ed25519 operator_key_id is %d bytes, not 8", #rec.operator_key_id)
+    end
     if rec.algorithm == 1 and #rec.node_key ~= 32 then
       return string.format("Ed25519 node_key is %d bytes, not 32", #rec.node_key)
     end
@@ -237,6 +244,9 @@ local CHECKS = {
     if #missing > 0 then return "scope has no " .. table.concat(missing, ", ") .. " entry" end
   end,
   signature = function(rec)
+    if rec.algorithm == 1 and #rec.key_id ~= 8 then
+      return string.format("Ed25519 key_id is %d bytes, not 8", #rec.key_id)
+    end
     if rec.algorithm == 1 and #rec.signature ~= 64 then
       return string.format("Ed25519 signature is %d bytes, not 64", #rec.signature)
     end
