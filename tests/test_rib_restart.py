@@ -1,8 +1,9 @@
 """What a receiver believes across an origin's restart, a second path and its own restart.
 
 - A copy of the old epoch that arrives after the new epoch (a late path, a route the
-  crashed process left announced) is ignored: the replay window is per route, so only
-  the RIB, which knows the origin's epoch, can refuse it.
+  crashed process left announced) is ignored: the receiver refuses it as replayed (its
+  window keeps each origin's highest epoch), and the RIB, fed directly here, ignores it
+  too, as it knows the origin's epoch.
 - A route that stands via a second peer keeps its summary when the first peer's copy goes.
 - A steering daemon that starts late dates each route by when its receiver took it, so
   an origin silent for an hour is not fresh to it.

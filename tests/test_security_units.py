@@ -82,12 +82,58 @@ def test_scope_checks_match_ipaddress_containment():
     ]
     v6 = [("2001:db8:100::/48", "2001:db8::1"), ("2001:db8:100::/40", "2001:db8::ffff")]
     for route, address in inside + v6:
-        auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route))
+        auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route), 1)
     for route, address in [*outside, ("2001:db8::/32", "2001:db8::1"), ("10.0.0.0/16", "::1")]:
         with pytest.raises(security.NotAuthorisedError):
-            auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route))
+            auth.check_scope(100, ipaddress.ip_address(address), ipaddress.ip_network(route), 1)
     with pytest.raises(security.NotAuthorisedError, match="CS-ID 7"):
-        auth.check_scope(7, ipaddress.ip_address("192.0.2.1"), ipaddress.ip_network("10.0.0.0/16"))
+        auth.check_scope(
+            7, ipaddress.ip_address("192.0.2.1"), ipaddress.ip_network("10.0.0.0/16"), 1
+        )
+
+
+def test_site_entries_bind_the_origin_s_site_and_none_authorise_every_site():
+    """The fixture's delegation lists sites 1 and 4: another site id, 0 included, is
+    refused; a delegation without site entries (made before the kind existed) takes any."""
+    auth = F.trust.lookup(F.node.key_id)
+    address, route = ipaddress.ip_address("192.0.2.1"), ipaddress.ip_network("10.0.0.0/16")
+    assert auth.sites == frozenset({1, 4})
+    for site in (1, 4):
+        auth.check_scope(100, address, route, site)
+    for site in (0, 2, 0xFFFFFFFF):
+        with pytest.raises(security.NotAuthorisedError, match=f"site {site} "):
+            auth.check_scope(100, address, route, site)
+    anywhere = security.authorise(
+        F.operator,
+        F.stranger.public.raw,
+        cs_ids=[100],
+        routes=["10.0.0.0/16"],
+        addresses=["192.0.2.0/24"],
+        not_before_ms=0,
+        not_after_ms=1 << 50,
+    )
+    assert not anywhere.entries(wire.ScopeKind.SITE)
+    open_auth = F.trust.check_delegation(anywhere)
+    assert open_auth.sites is None
+    for site in (0, 1, 2, 0xFFFFFFFF):
+        open_auth.check_scope(100, address, route, site)
+    assert "sites" not in security.delegation_to_json(anywhere)
+    assert security.delegation_to_json(F.delegation)["sites"] == [1, 4]
+
+
+def test_an_authorised_node_claiming_another_site_is_refused():
+    """Issue #32 row 4: a node authorised for site 1 signs an advertisement whose Origin
+    names site 2 (a site nearer the ingress, to be priced at its distance): the signature
+    verifies, but the site is outside the delegation's scope."""
+    claim = F.at(1, 42).replace(wire.Origin(100, 2, F.base.origin.address))
+    nlri = ipaddress.ip_network("10.0.1.0/24")
+    verdict = security.Receiver(F.trust).check(security.sign(claim, F.node, nlri), nlri, NOW_MS)
+    assert verdict.reason is Reason.NOT_AUTHORISED, verdict
+    assert "site 2" in verdict.detail
+    honest = security.Receiver(F.trust).check(
+        security.sign(F.at(1, 42), F.node, nlri), nlri, NOW_MS
+    )
+    assert honest.reason is Reason.OK
 
 
 def test_policy_refuses_an_attribute_type_outside_a_byte():
@@ -339,3 +385,82 @@ def test_a_key_or_delegation_file_of_another_kind_is_refused():
         security.delegation_from_json({**delegation, "format": "x/2"})
     del delegation["format"]
     assert security.delegation_from_json(delegation) == F.delegation
+
+
+def test_an_operator_scope_with_sites_requires_delegations_to_list_its_own():
+    """An operator whose scope lists sites may not sign a delegation for every site (one
+    without site entries) nor one naming another operator's site."""
+    scope = security.OperatorScope.of(
+        cs_ids=[100, 200],
+        routes=["10.0.0.0/8", "2001:db8::/32"],
+        addresses=["192.0.2.0/24", "2001:db8::/48"],
+        sites=[1, 4],
+    )
+    store = security.TrustStore().with_operator(F.operator.public.raw, "operator-1", scope)
+    assert store.check_delegation(F.delegation).sites == frozenset({1, 4})
+
+    def delegated(sites):
+        return security.authorise(
+            F.operator,
+            F.stranger.public.raw,
+            cs_ids=[100],
+            routes=["10.0.0.0/16"],
+            addresses=["192.0.2.0/24"],
+            sites=sites,
+            not_before_ms=0,
+            not_after_ms=1 << 50,
+        )
+
+    for sites, outside in (((), "every site"), ((1, 2), "site 2")):
+        with pytest.raises(security.BadDelegationError, match=f"{outside}.* outside operator"):
+            store.check_delegation(delegated(sites))
+    obj = store.with_delegation(F.delegation).to_json()
+    assert obj["operators"][0]["scope"]["sites"] == [1, 4]
+    assert obj["delegations"][0]["sites"] == [1, 4]
+    again = security.TrustStore.from_json(obj)
+    assert again.to_json() == obj and again.operators[F.operator.key_id].scope == scope
+    with pytest.raises(security.TrustFileError, match="sites is empty"):
+        security.TrustStore.from_json(
+            {
+                **obj,
+                "operators": [{**obj["operators"][0], "scope": {**scope.to_json(), "sites": []}}],
+            }
+        )
+    with pytest.raises(security.TrustFileError, match=r"sites\[0\]"):
+        security.delegation_from_json({**obj["delegations"][0], "sites": ["1"]})
+
+
+def test_a_lower_epoch_of_an_origin_is_replayed_on_any_of_its_routes():
+    """The per-route window cannot see a restart announced on another route; the
+    per-origin epoch does, and forgets the origin only with its last route."""
+    r = Receiver(F.trust)
+    verdict, r = r.receive(security.sign(F.at(2, 0), F.node, NLRI), NLRI, NOW_MS)
+    assert verdict.ok
+    assert r.window.origin_epoch(verdict.route) == 2
+    late, r2 = r.receive(security.sign(F.at(1, 99), F.node, OTHER_NLRI), OTHER_NLRI, NOW_MS)
+    assert late.reason is Reason.REPLAYED and "epoch 1 is below epoch 2" in late.detail
+    assert r2.window is r.window
+    other_origin = F.at(1, 5).replace(wire.Origin(100, 1, ipaddress.ip_address("192.0.2.99")))
+    fine, _ = r.receive(security.sign(other_origin, F.node, OTHER_NLRI), OTHER_NLRI, NOW_MS)
+    assert fine.ok  # another origin (address) keeps its own epoch
+    forgotten = r.expire(NOW_MS + 10 * 120_000)
+    assert len(forgotten.window) == 0 and forgotten.window.origin_epoch(verdict.route) is None
+
+
+def test_a_key_with_x_zero_and_the_sign_bit_set_does_not_decode():
+    """Rule 5: y = 1 or p - 1 with the sign bit set names no point (RFC 8032 5.1.3); the
+    library would take it as x = 0 and verify a forgery under y = 1."""
+    from catsproto.security.identity import verify, x_zero_with_sign
+    from catsproto.security.vectors import ed25519_key_cases
+
+    p = 2**255 - 19
+    for y in (1, p - 1, 1 + p):
+        raw = (y | 1 << 255).to_bytes(32, "little")
+        assert x_zero_with_sign(raw)
+        assert not x_zero_with_sign((y).to_bytes(32, "little"))
+        with pytest.raises(security.KeyFormatError, match="does not decode"):
+            security.PublicKey.from_bytes(raw)
+    clear, set_ = ed25519_key_cases()
+    sig, msg = bytes.fromhex(clear["signature"]), bytes.fromhex(clear["message"])
+    assert verify(bytes.fromhex(clear["public_key"]), sig, msg)
+    assert not verify(bytes.fromhex(set_["public_key"]), sig, msg)

@@ -104,8 +104,13 @@ def test_sealed_vector_opens_with_the_documented_aad():
     assert plaintext.hex() == v["plaintext"]
     assert {t.type for t in adv.tlvs}.isdisjoint({32, 33, 34, 35})
     keyring = security.GroupKeyring(security.GroupKey.of(v["group_key_id"], secret))
-    opened = security.open_sealed(adv, keyring).without(wire.TLVType.SIGNATURE)
+    opened = security.open_sealed(adv, keyring)
     assert wire.encode(opened).hex() == v["opened_value"]
+    # the draft's Sealing: the clear TLVs, the Signature TLV included, the sealed ones
+    # in place of the Sealed Cache TLV, in type order
+    clear = [t.type for t in adv.tlvs if t.type != wire.TLVType.SEALED_CACHE]
+    assert opened.signature == adv.signature
+    assert [t.type for t in opened.tlvs] == sorted([*clear, 32, 33, 34, 35])
 
 
 def test_trust_file_loads_and_the_receive_script_replays():

@@ -91,6 +91,7 @@ def cmd_authorize(args: argparse.Namespace) -> int:
         addresses=args.address,
         not_before_ms=start,
         not_after_ms=start + int(args.days * 86_400_000),
+        sites=args.site,
     )
     print(json.dumps(delegation, indent=2))
     return 0
@@ -165,7 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "authorize",
         help="operator key signs a delegation for a node key (JSON on stdout)",
-        description="Authorise NODE_PUBLIC_KEY (hex) for CS-IDs, routes and addresses.",
+        description="Authorise NODE_PUBLIC_KEY (hex) for CS-IDs, routes, addresses and sites.",
     )
     p.add_argument("operator_key", help="operator private key file")
     p.add_argument("node_public_key", help="node public key, hex")
@@ -187,6 +188,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         help="an instance address the node may advertise; repeatable",
+    )
+    p.add_argument(
+        "--site",
+        type=int,
+        action="append",
+        help="a site id the node may name in its Origin; repeatable (none: every site)",
     )
     p.add_argument("--days", type=float, default=30.0, help="days of validity")
     p.add_argument("--not-before-ms", type=int, help="start of validity (default now)")

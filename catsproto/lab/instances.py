@@ -238,7 +238,9 @@ def sealed(adv: wire.Advertisement, group_keys: security.GroupKeyring | None) ->
 
 
 def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
-    """Trust file authorising every modelled instance's lab key for its own routes."""
+    """Trust file authorising every modelled instance's lab key for its own routes,
+    address and site (an instance claiming another site's id is refused, not priced at
+    that site's distance)."""
     operator = lab_key(topology, "operator")
     store = security.TrustStore().with_operator(operator.public.raw, f"{topology.name} lab")
     for node in topology.nodes.values():
@@ -250,6 +252,7 @@ def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
                     cs_ids=[spec.cs_id],
                     routes=[spec.csci, spec.shards],
                     addresses=[spec.csci],
+                    sites=[spec.site_id],
                     not_before_ms=now_ms - 3_600_000,
                     not_after_ms=now_ms + days * 86_400_000,
                 )

@@ -8,7 +8,7 @@ Bad input raises `CommandError` (one line for stderr) or a `wire.CodecError`.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from catsproto import wire
 from catsproto.security.identity import KEY_ID_LEN, KeyFormatError, SigningKey, key_id
@@ -90,8 +90,10 @@ def authorize(
     addresses: list[str],
     not_before_ms: int,
     not_after_ms: int,
+    sites: list[int] | None = None,
 ) -> JSON:
-    """The operator signs a node key's delegation; returns the delegation's JSON form."""
+    """The operator signs a node key's delegation; returns the delegation's JSON form.
+    `sites`: the site ids the node may name in its Origin; none or empty: every site."""
     try:
         node = bytes.fromhex(node_public_key)
     except ValueError:
@@ -104,8 +106,17 @@ def authorize(
         addresses=[_network(x, "address") for x in addresses],
         not_before_ms=not_before_ms,
         not_after_ms=not_after_ms,
+        sites=_sites(sites or ()),
     )
     return delegation_to_json(d)
+
+
+def _sites(sites: Iterable[int]) -> list[int]:
+    out = list(sites)
+    for s in out:
+        if not 0 <= s <= 0xFFFFFFFF:
+            raise CommandError(f"--site {s}: a site id is 0 to 4294967295")
+    return out
 
 
 def sign_value(

@@ -49,6 +49,30 @@ def has_small_order(raw: bytes) -> bool:
     return y % _P in _SMALL_ORDER_Y
 
 
+def x_zero_with_sign(raw: bytes) -> bool:
+    """True if the octets name x = 0 with the sign bit set (y is 1 or p - 1, read modulo
+    p): RFC 8032, Section 5.1.3, step 4, refuses to decode them, so they verify nothing
+    (draft, Signature TLV, rule 5). The library under this code decodes them as the
+    point with x = 0 and would verify forgeries under the one of y = 1; hence this check."""
+    n = int.from_bytes(raw, "little")
+    return n >> 255 == 1 and (n & ((1 << 255) - 1)) % _P in (1, _P - 1)
+
+
+def verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    """Ed25519 verification of octets as the draft's rules 1-5 (Signature TLV) give it,
+    for a key taken as it is: a key of small order is not refused here (rule 6 refuses
+    it where keys are loaded, `PublicKey.from_bytes`). The vectors' verdicts come from
+    this function."""
+    if len(public_key) != ED25519_PUBLIC_KEY_LEN or x_zero_with_sign(public_key):
+        return False
+    try:
+        key = Ed25519PublicKey.from_public_bytes(public_key)
+        key.verify(signature, message)
+    except (ValueError, InvalidSignature):
+        return False
+    return True
+
+
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class PublicKey:
     """An Ed25519 public key ready to verify (the parsed key object is kept, so a
@@ -62,6 +86,11 @@ class PublicKey:
     def from_bytes(cls, raw: bytes) -> PublicKey:
         if len(raw) != ED25519_PUBLIC_KEY_LEN:
             raise KeyFormatError(f"Ed25519 public key is {len(raw)} bytes, not 32")
+        if x_zero_with_sign(raw):
+            raise KeyFormatError(
+                "not an Ed25519 public key: x = 0 with the sign bit set does not decode "
+                "(RFC 8032, Section 5.1.3)"
+            )
         if has_small_order(raw):
             raise KeyFormatError(
                 "Ed25519 public key of small order: signatures nobody made verify under it"

@@ -8,13 +8,14 @@ the counters move on a refusal). Checks run cheapest first and the first that fa
 names the reason:
 
  1. decode (malformed)               6. timestamp within [now - max_age, now + max_future]
- 2. signature TLV present (unsigned) 7. (epoch, sequence) not below the last accepted
- 3. signer's key: trust store or a   8. Ed25519 over `signing.signed_message` (bad-signature)
-    carried delegation (unknown-key, 9. same (epoch, sequence): duplicate or equivocation
-    bad-delegation)                 10. open the sealed cache section when group keys are
- 4. delegation valid now (expired)       given and one of them is its key (decryption-failed)
- 5. CS-ID, instance address and route
-    in its scope (not-authorised)
+ 2. signature TLV present (unsigned) 7. (epoch, sequence) not below the last accepted on
+ 3. signer's key: trust store or a      the route, epoch not below the origin's (replayed)
+    carried delegation (unknown-key, 8. Ed25519 over `signing.signed_message` (bad-signature)
+    bad-delegation)                  9. same (epoch, sequence): duplicate or equivocation
+ 4. delegation valid now (expired)  10. open the sealed cache section when group keys are
+ 5. CS-ID, instance address, site       given and one of them is its key (decryption-failed)
+    and route in its scope
+    (not-authorised)
 
 Without group keys a sealed advertisement is still verified and accepted, cache section
 unread (that is what an unauthorised selector can do). Two more cases are that same case
@@ -216,7 +217,7 @@ def _verify(
             raise UnsignedError("advertisement carries no signature TLV")
         auth, learned = _signer(carried, signature, trust)
         auth.check_validity(now_ms)
-        auth.check_scope(origin.cs_id, origin.address, nlri)
+        auth.check_scope(origin.cs_id, origin.address, nlri, origin.site_id)
         if ts < now_ms - policy.max_age_ms:
             raise StaleTimestampError(
                 f"timestamp {ts} is {now_ms - ts} ms old, more than {policy.max_age_ms}"
@@ -230,6 +231,14 @@ def _verify(
         if previous is not None and position < previous.position:
             raise ReplayedError(
                 f"(epoch, sequence) {position} is below the last accepted {previous.position}"
+            )
+        origin_epoch = window.origin_epoch(route)
+        if origin_epoch is not None and seq.epoch < origin_epoch:
+            # a copy from before the origin's restart, late on another path or left
+            # announced by the crashed process: its cache is gone (draft, Replay)
+            raise ReplayedError(
+                f"epoch {seq.epoch} is below epoch {origin_epoch}, which origin "
+                f"{origin.address} has advertised since"
             )
         # signing.received_message, with the label and type from the policy
         start, stop = _signature_span(value, adv, signature)

@@ -9,6 +9,12 @@ stays refused. The same (epoch, sequence) again is a duplicate if the signature 
 the same (Ed25519 is deterministic, RFC 8032, so same signer and content give the same
 signature) and an equivocation otherwise.
 
+The window also keeps, per origin (CS-ID and instance address), the highest epoch
+accepted on any of its routes: a per-route window cannot see that the origin restarted
+on another route, so a late copy of the previous epoch (another path, a route the
+crashed process left announced) would pass it. `origin_epoch` gives that epoch and the
+receiver refuses a lower one as replayed (draft, Replay and Freshness).
+
 The window is an immutable value: `with_entry` returns a new window sharing all but one
 bucket with the old one (a persistent map of 64 buckets), so committing costs a few
 microseconds whatever the number of routes, and an unaccepted advertisement cannot
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 from catsproto.security.signing import IPNetwork
 from catsproto.wire.compiled import filling_class
@@ -29,6 +36,10 @@ from catsproto.wire.fields import IPAddress
 _BUCKETS = 64
 _new = object.__new__
 _EMPTY: Mapping[RouteKey, RouteState] = {}  # shared by every empty bucket, never written
+# An origin as a key: (CS-ID, IP version, address as an integer), cheaper to hash than
+# the ipaddress object.
+OriginKey = tuple[int, int, int]
+_NO_ORIGINS: Mapping[OriginKey, int] = MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +59,11 @@ class RouteKey:
 
     def __str__(self) -> str:
         return f"cs {self.cs_id} {self.address} on {self.nlri}"
+
+    @property
+    def origin(self) -> OriginKey:
+        """The origin whose route this is (the key of `ReplayWindow.origin_epoch`)."""
+        return (self.cs_id, self.address.version, int(self.address))
 
 
 def _route_hash(cs_id: int, address: IPAddress, nlri: IPNetwork) -> int:
@@ -83,13 +99,20 @@ class RouteState:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReplayWindow:
-    """Last accepted (epoch, sequence) per route; immutable, cheap to update."""
+    """Last accepted (epoch, sequence) per route, and the highest accepted epoch per
+    origin; immutable, cheap to update."""
 
     _buckets: tuple[Mapping[RouteKey, RouteState], ...] = (_EMPTY,) * _BUCKETS
     _size: int = 0
+    # origin -> highest epoch accepted on any of its routes; copied only when it rises
+    _origins: Mapping[OriginKey, int] = dataclasses.field(default_factory=lambda: _NO_ORIGINS)
 
     def get(self, route: RouteKey) -> RouteState | None:
         return self._buckets[route._hash % _BUCKETS].get(route)
+
+    def origin_epoch(self, route: RouteKey) -> int | None:
+        """The highest epoch accepted from the origin of `route` on any route, or None."""
+        return self._origins.get(route.origin)
 
     def with_entry(self, route: RouteKey, state: RouteState) -> ReplayWindow:
         i = route._hash % _BUCKETS
@@ -98,9 +121,15 @@ class ReplayWindow:
         bucket[route] = state
         buckets = list(self._buckets)
         buckets[i] = bucket
+        origins = self._origins
+        origin = route.origin
+        held = origins.get(origin)
+        if held is None or state.epoch > held:  # a new origin or a restart: rare
+            origins = {**origins, origin: state.epoch}
         out = _new(_WINDOW_FILL)  # the fields are valid by construction: skip __init__
         out._buckets = tuple(buckets)
         out._size = self._size + (len(bucket) > len(old))
+        out._origins = origins
         out.__class__ = ReplayWindow
         return out
 
@@ -118,7 +147,12 @@ class ReplayWindow:
             else b
             for b in self._buckets
         )
-        return ReplayWindow(buckets, sum(len(b) for b in buckets))
+        # an origin is remembered while one of its routes is: at the highest epoch that
+        # was accepted, on a route still held or not (a forgotten higher epoch's copies
+        # would be stale by then, so the timestamp check refuses them instead)
+        held = {k.origin for b in buckets for k in b}
+        origins = {o: e for o, e in self._origins.items() if o in held}
+        return ReplayWindow(buckets, sum(len(b) for b in buckets), origins)
 
     def __len__(self) -> int:
         return self._size

@@ -3,7 +3,9 @@
 Strategy: trust has two levels and nothing else. A receiver is configured with operator
 public keys. An operator signs a *delegation* (the `wire.Delegation` TLV: node key,
 validity period, scope) saying that one node key may speak for some CS-IDs, on some
-route prefixes, from some instance addresses. A delegation reaches a receiver either in
+route prefixes, from some instance addresses and, when it lists sites, for those sites
+only (the Origin's site id prices the instance at a selector, so a node must not claim
+another site's). A delegation reaches a receiver either in
 its trust file or inside an advertisement (then it is checked on first use and
 remembered only if that advertisement is accepted). Either way the operator's signature
 is checked once, and the result is an `Authorisation`: the parsed node key and its scope
@@ -15,14 +17,20 @@ The operator signature covers::
     the Delegation TLV value with the operator_signature field left out
     (algorithm, operator_key_id, node_key, not_before_ms, not_after_ms, scope)
 
+A delegation without SITE entries authorises every site (delegations made before the
+SITE kind existed stay valid); one with SITE entries authorises only those, and an
+Origin naming another site is refused as not-authorised (draft, Delegation TLV).
+
 A store holds one delegation per node key: the one with the latest `not_before_ms`,
 so a renewal replaces the old delegation and an old, wider one cannot be played back.
 Revoking a key puts its id in the store's revoked set: a delegation is still valid
 until it expires, so without that set the node could carry it in-band and be learned
-again. An operator may have a scope (CS-IDs, routes, addresses); every delegation it
-signs must lie within it, so with several operators one cannot speak for another's
-instances. An operator without a scope may delegate anything (one-operator setups).
-The trust file is JSON (format "catsproto-trust/1"; see docs/security.md).
+again. An operator may have a scope (CS-IDs, routes, addresses, optionally sites);
+every delegation it signs must lie within it, so with several operators one cannot speak
+for another's instances (nor, when its scope lists sites, claim another's site: its
+delegations must then list sites, all of them its own). An operator without a scope may
+delegate anything (one-operator setups). The trust file is JSON (format
+"catsproto-trust/1"; see docs/security.md).
 """
 
 from __future__ import annotations
@@ -88,11 +96,14 @@ def authorise(
     addresses: Iterable[IPNetwork | str],
     not_before_ms: int,
     not_after_ms: int,
+    sites: Iterable[int] = (),
 ) -> Delegation:
-    """The operator's signed delegation of `node_key` (raw Ed25519 public key)."""
+    """The operator's signed delegation of `node_key` (raw Ed25519 public key). `sites`:
+    the site ids the node's Origin may name; none authorises every site."""
     scope = [ScopeEntry.for_cs_id(c) for c in cs_ids]
     scope += [ScopeEntry.for_network(ScopeKind.ROUTE, n) for n in _networks(routes)]
     scope += [ScopeEntry.for_network(ScopeKind.ADDRESS, n) for n in _networks(addresses)]
+    scope += [ScopeEntry.for_site(s) for s in sites]
     unsigned = Delegation(
         algorithm=SignatureAlgorithm.ED25519,
         operator_key_id=operator.key_id,
@@ -136,11 +147,14 @@ def _network_within(nlri: IPNetwork, networks: tuple[_IntNetwork, ...]) -> bool:
 class OperatorScope:
     """What an operator may delegate: every CS-ID of a delegation it signs must be one of
     `cs_ids`, every route and address network must lie inside one of `routes` and
-    `addresses` (a delegation's scope entries, the same three kinds)."""
+    `addresses` (a delegation's scope entries, the same kinds). `sites`: None lets the
+    operator delegate any site; a set requires every delegation it signs to list sites,
+    all of them in the set (a delegation without sites would authorise every site)."""
 
     cs_ids: frozenset[int]
     routes: tuple[IPNetwork, ...]
     addresses: tuple[IPNetwork, ...]
+    sites: frozenset[int] | None = None
 
     @classmethod
     def of(
@@ -149,10 +163,16 @@ class OperatorScope:
         cs_ids: Iterable[int],
         routes: Iterable[IPNetwork | str],
         addresses: Iterable[IPNetwork | str],
+        sites: Iterable[int] | None = None,
     ) -> OperatorScope:
-        scope = cls(frozenset(cs_ids), tuple(_networks(routes)), tuple(_networks(addresses)))
-        for name in ("cs_ids", "routes", "addresses"):
-            if not getattr(scope, name):
+        scope = cls(
+            frozenset(cs_ids),
+            tuple(_networks(routes)),
+            tuple(_networks(addresses)),
+            None if sites is None else frozenset(sites),
+        )
+        for name in ("cs_ids", "routes", "addresses", "sites"):
+            if getattr(scope, name) is not None and not getattr(scope, name):
                 raise ValueError(f"operator scope: {name} is empty (it would allow nothing)")
         return scope
 
@@ -161,6 +181,13 @@ class OperatorScope:
         for e in delegation.entries(ScopeKind.CS_ID):
             if e.cs_id not in self.cs_ids:
                 return f"CS-ID {e.cs_id}"
+        if self.sites is not None:
+            sites = delegation.entries(ScopeKind.SITE)
+            if not sites:
+                return "every site (the delegation lists none)"
+            for e in sites:
+                if e.site_id not in self.sites:
+                    return f"site {e.site_id}"
         for kind, allowed, what in (
             (ScopeKind.ROUTE, self.routes, "route"),
             (ScopeKind.ADDRESS, self.addresses, "address"),
@@ -172,11 +199,14 @@ class OperatorScope:
         return None
 
     def to_json(self) -> JSON:
-        return {
+        out: dict[str, JSON] = {
             "cs_ids": sorted(self.cs_ids),
             "routes": [str(n) for n in self.routes],
             "addresses": [str(n) for n in self.addresses],
         }
+        if self.sites is not None:
+            out["sites"] = sorted(self.sites)
+        return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +226,7 @@ class Authorisation:
     cs_ids: frozenset[int]
     routes: tuple[IPNetwork, ...]
     addresses: tuple[IPNetwork, ...]
+    sites: frozenset[int] | None = None  # None: every site (no SITE entry)
     _routes: tuple[_IntNetwork, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _addresses: tuple[_IntNetwork, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -212,6 +243,7 @@ class Authorisation:
             frozenset(e.cs_id for e in delegation.entries(ScopeKind.CS_ID)),
             tuple(e.network for e in delegation.entries(ScopeKind.ROUTE)),
             tuple(e.network for e in delegation.entries(ScopeKind.ADDRESS)),
+            frozenset(e.site_id for e in delegation.entries(ScopeKind.SITE)) or None,
         )
 
     @property
@@ -226,9 +258,16 @@ class Authorisation:
                 f"until {d.not_after_ms} ms, now is {now_ms}"
             )
 
-    def check_scope(self, cs_id: int, address: IPAddress, nlri: IPNetwork) -> None:
+    def check_scope(self, cs_id: int, address: IPAddress, nlri: IPNetwork, site_id: int) -> None:
+        """Raise NotAuthorisedError unless the Origin's CS-ID, address and site id and the
+        route are in this delegation's scope (draft, Verification step 5)."""
         if cs_id not in self.cs_ids:
             raise NotAuthorisedError(f"key {self.key_id.hex()} is not authorised for CS-ID {cs_id}")
+        if self.sites is not None and site_id not in self.sites:
+            raise NotAuthorisedError(
+                f"key {self.key_id.hex()} is not authorised for site {site_id} "
+                f"(its sites: {', '.join(str(s) for s in sorted(self.sites))})"
+            )
         if not _address_within(address, self._addresses):
             raise NotAuthorisedError(
                 f"key {self.key_id.hex()} is not authorised for instance address {address}"
@@ -441,8 +480,9 @@ def _int(value: JSON, what: str) -> int:
 
 
 def delegation_to_json(d: Delegation) -> JSON:
-    """Readable form of a delegation (the trust file's and `catsproto authorize`'s)."""
-    return {
+    """Readable form of a delegation (the trust file's and `catsproto authorize`'s);
+    "sites" only when it lists any (absent: every site)."""
+    out: dict[str, JSON] = {
         "format": DELEGATION_FORMAT,
         "algorithm": d.algorithm.name.lower(),
         "operator_key_id": d.operator_key_id.hex(),
@@ -455,6 +495,10 @@ def delegation_to_json(d: Delegation) -> JSON:
         "addresses": [str(e.network) for e in d.entries(ScopeKind.ADDRESS)],
         "operator_signature": d.operator_signature.hex(),
     }
+    sites = d.entries(ScopeKind.SITE)
+    if sites:
+        out["sites"] = [e.site_id for e in sites]
+    return out
 
 
 def delegation_from_json(obj: JSON) -> Delegation:
@@ -484,6 +528,9 @@ def delegation_from_json(obj: JSON) -> Delegation:
     for kind, name in ((ScopeKind.ROUTE, "routes"), (ScopeKind.ADDRESS, "addresses")):
         for i, text in enumerate(_list(obj, name, "delegation: ")):
             scope.append(ScopeEntry.for_network(kind, _network(text, f"delegation: {name}[{i}]")))
+    # optional: absent (a delegation made before sites existed, or for every site) is none
+    for i, site in enumerate(_list(obj, "sites", "delegation: ")):
+        scope.append(ScopeEntry.for_site(_int(site, f"delegation: sites[{i}]")))
     d = Delegation(
         algorithm=names[algorithm.lower()],
         operator_key_id=_hex(obj["operator_key_id"], "delegation: operator_key_id"),
@@ -512,7 +559,8 @@ _DELEGATION_FIELDS = (
 
 
 def _operator_scope(obj: JSON, where: str) -> OperatorScope:
-    """An operator's "scope": {"cs_ids": [...], "routes": [...], "addresses": [...]}."""
+    """An operator's "scope": {"cs_ids": [...], "routes": [...], "addresses": [...]},
+    and optionally "sites": [...] (absent: the operator may delegate any site)."""
     if not isinstance(obj, dict):
         raise TrustFileError(f"{where} is {_shown(obj)}, not a JSON object")
     missing = [name for name in ("cs_ids", "routes", "addresses") if name not in obj]
@@ -524,8 +572,15 @@ def _operator_scope(obj: JSON, where: str) -> OperatorScope:
         name: [_network(t, f"{at}{name}[{i}]") for i, t in enumerate(_list(obj, name, at))]
         for name in ("routes", "addresses")
     }
+    sites = (
+        [_int(s, f"{at}sites[{i}]") for i, s in enumerate(_list(obj, "sites", at))]
+        if "sites" in obj
+        else None
+    )
     try:
-        return OperatorScope.of(cs_ids=cs_ids, routes=nets["routes"], addresses=nets["addresses"])
+        return OperatorScope.of(
+            cs_ids=cs_ids, routes=nets["routes"], addresses=nets["addresses"], sites=sites
+        )
     except ValueError as exc:
         raise TrustFileError(f"{where}: {exc}") from None
 

@@ -17,9 +17,15 @@ import ipaddress
 from catsproto import wire
 from catsproto.examples import T0_MS, examples
 from catsproto.security.errors import Reason
-from catsproto.security.identity import SigningKey
+from catsproto.security.identity import KeyFormatError, PublicKey, SigningKey, verify
 from catsproto.security.receiver import Receiver
-from catsproto.security.sealing import GroupKey, GroupKeyring, associated_data, seal
+from catsproto.security.sealing import (
+    GroupKey,
+    GroupKeyring,
+    associated_data,
+    open_sealed,
+    seal,
+)
 from catsproto.security.signing import sign, signed_message
 from catsproto.security.trust import TrustStore, authorise, delegation_message, delegation_to_json
 from catsproto.wire import Advertisement, Sequence, Timestamp
@@ -66,6 +72,7 @@ def fixture() -> Fixture:
         addresses=["192.0.2.0/24", "2001:db8::/64"],
         not_before_ms=T0_MS - DAY_MS,
         not_after_ms=T0_MS + 30 * DAY_MS,
+        sites=[1, 4],
     )
     trust = TrustStore().with_operator(operator.public.raw, "operator-1")
     return Fixture(
@@ -127,6 +134,22 @@ def unknown_algorithm_advertisement(f: Fixture, sequence: int) -> Advertisement:
     return clear.replace(wire.SealedCache(200, f.group.active.key_id, nonce, ciphertext))
 
 
+def _redelegated(
+    f: Fixture, operator: SigningKey, not_before_ms: int, days: int
+) -> wire.Delegation:
+    """The fixture's delegation of the node key with another operator key or validity."""
+    return authorise(
+        operator,
+        f.node.public.raw,
+        cs_ids=[100, 200],
+        routes=["10.0.0.0/16", "2001:db8:100::/40"],
+        addresses=["192.0.2.0/24", "2001:db8::/64"],
+        not_before_ms=not_before_ms,
+        not_after_ms=T0_MS + days * DAY_MS,
+        sites=[1, 4],
+    )
+
+
 def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
     """(name, value, nlri, now, expected reason), applied in order to one receiver."""
     good = wire.encode(sign(f.at(1, 42), f.node, NLRI))
@@ -144,6 +167,10 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
     broken = bytearray(f.delegation.operator_signature)
     broken[0] ^= 0x01
     bad_delegation = dataclasses.replace(f.delegation, operator_signature=bytes(broken))
+    other_site = f.at(1, 49).replace(wire.Origin(100, 9, f.base.origin.address))
+    by_stranger = _redelegated(f, f.stranger, T0_MS - DAY_MS, 30)
+    same_start = _redelegated(f, f.operator, T0_MS - DAY_MS, 60)  # held one's Not Before
+    renewal = _redelegated(f, f.operator, T0_MS - DAY_MS // 2, 60)
     return [
         ("accept", good, NLRI, NOW_MS, Reason.OK),
         ("malformed-truncated", good[:-1], NLRI, NOW_MS, Reason.MALFORMED),
@@ -162,8 +189,32 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
             Reason.NOT_AUTHORISED,
         ),
         (
+            "site-not-authorised",  # site 9: the delegation lists sites 1 and 4 only
+            wire.encode(sign(other_site, f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.NOT_AUTHORISED,
+        ),
+        (
             "bad-delegation-signature",
             wire.encode(sign(f.at(1, 48).replace(bad_delegation), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.BAD_DELEGATION,
+        ),
+        (
+            # signed by a key no trusted operator key is: the node key is held, but a
+            # carried delegation is checked whatever else is held
+            "delegation-by-unknown-operator",
+            wire.encode(sign(f.at(1, 53).replace(by_stranger), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.UNKNOWN_KEY,
+        ),
+        (
+            # the Not Before of the trust file's delegation, other content (Not After)
+            "delegation-same-not-before",
+            wire.encode(sign(f.at(1, 54).replace(same_start), f.node, NLRI)),
             NLRI,
             NOW_MS,
             Reason.BAD_DELEGATION,
@@ -223,6 +274,13 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
             Reason.OK,
         ),
         (
+            "delegation-as-held",  # the trust file's delegation carried: changes nothing
+            wire.encode(sign(f.at(1, 55).replace(f.delegation), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.OK,
+        ),
+        (
             "restart-new-epoch",
             wire.encode(sign(f.at(2, 0), f.node, NLRI)),
             NLRI,
@@ -230,7 +288,78 @@ def _receive_script(f: Fixture) -> list[tuple[str, bytes, object, int, Reason]]:
             Reason.OK,
         ),
         ("old-epoch-after-restart", good, NLRI, NOW_MS, Reason.REPLAYED),
+        (
+            # no state on this route yet, but the origin is at epoch 2 since the restart
+            "old-epoch-on-another-route",
+            wire.encode(sign(f.at(1, 60), f.node, OTHER_NLRI)),
+            OTHER_NLRI,
+            NOW_MS,
+            Reason.REPLAYED,
+        ),
+        (
+            "delegation-renewed",  # a later Not Before: replaces the trust file's one
+            wire.encode(sign(f.at(2, 1).replace(renewal), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.OK,
+        ),
+        (
+            "delegation-superseded",  # the trust file's one again, now older than held
+            wire.encode(sign(f.at(2, 2).replace(f.delegation), f.node, NLRI)),
+            NLRI,
+            NOW_MS,
+            Reason.BAD_DELEGATION,
+        ),
     ]
+
+
+ED25519_L = 2**252 + 27742317777372353535851937790883648493  # the group order (RFC 8032)
+FORGED_MESSAGE = b"catsproto test forgery"
+
+
+def _forgery() -> bytes:
+    """A signature nobody made: R = [S]B and S = a mod L for the clamped scalar a of a
+    test seed (R is then that seed's public key), so [S]B = R + [k]A for A the identity,
+    whatever k."""
+    seed_r = seed("forgery")
+    a = int.from_bytes(hashlib.sha512(seed_r).digest()[:32], "little")
+    a = (a & ((1 << 254) - 8)) | (1 << 254)
+    return SigningKey.from_seed(seed_r).public.raw + (a % ED25519_L).to_bytes(32, "little")
+
+
+def ed25519_key_cases() -> list[JSON]:
+    """Public keys whose x coordinate is 0, with one forged signature (Signature TLV,
+    rules 5 and 6): y = 1 with the sign bit clear is the identity, under which the
+    forgery verifies (so it is refused where keys are loaded); with the sign bit set the
+    octets do not decode (RFC 8032, Section 5.1.3) and verify nothing."""
+    forged = _forgery()
+    cases = [
+        ("x-zero-sign-clear", (1).to_bytes(32, "little"), True, "small order"),
+        ("x-zero-sign-set", ((1 << 255) | 1).to_bytes(32, "little"), False, "does not decode"),
+    ]
+    out = []
+    for name, raw, verifies, refused in cases:
+        got = verify(raw, forged, FORGED_MESSAGE)
+        if got is not verifies:
+            raise AssertionError(f"ed25519 case {name}: expected verifies={verifies}, got {got}")
+        try:
+            PublicKey.from_bytes(raw)
+        except KeyFormatError as exc:
+            if refused not in str(exc):
+                raise AssertionError(f"ed25519 case {name}: refused as {exc}") from None
+        else:
+            raise AssertionError(f"ed25519 case {name}: the key loads")
+        out.append(
+            {
+                "name": name,
+                "public_key": raw.hex(),
+                "message": FORGED_MESSAGE.hex(),
+                "signature": forged.hex(),
+                "verifies": verifies,
+                "on_load": f"refused: {refused}",
+            }
+        )
+    return out
 
 
 def _tlv_value(tlv: wire.TLV) -> bytes:
@@ -269,7 +398,9 @@ def security_vectors() -> JSON:
             "associated_data": associated_data(
                 sealed, sealed_tlv.algorithm, sealed_tlv.key_id
             ).hex(),
-            "opened_value": wire.encode(f.at(1, 42)).hex(),
+            # what a receiver holds once it opened the section: the clear TLVs, the
+            # Signature TLV included, the sealed ones back in type order (draft, Sealing)
+            "opened_value": wire.encode(open_sealed(sign(sealed, f.node, NLRI), f.group)).hex(),
         },
         _signed_vector(
             "sealed-algorithm-unknown",
@@ -327,4 +458,5 @@ def security_vectors() -> JSON:
         "trust_file": f.trust.to_json(),
         "advertisements": advertisements,
         "receive": steps,
+        "ed25519_keys": ed25519_key_cases(),
     }

@@ -65,7 +65,8 @@ def enrol(
     target_fpr: float | None = None,
 ) -> tuple[TrustStore, BuilderConfig]:
     """An origin (an instance, or a site's aggregate) joins the control plane: the
-    operator authorises its key for its /32 and shard range, and its builder's config."""
+    operator authorises its key for its /32, shard range and site, and its builder's
+    config."""
     routes = [f"{address}/32"] + ([shards] if shards else [])
     delegation = authorise(
         operator,
@@ -73,6 +74,7 @@ def enrol(
         cs_ids=[CS_ID],
         routes=routes,
         addresses=[f"{address}/32"],
+        sites=[site + 1],
         not_before_ms=0,
         not_after_ms=_NOT_AFTER_MS,
     )
