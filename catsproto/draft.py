@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from catsproto import wire
+from catsproto.security.identity import verify
 from catsproto.transfer import (
     Cancel,
     Code,
@@ -440,12 +441,14 @@ def _security_section(vectors: JSON) -> list[str]:
     d = vectors["delegation"]
     scope = d["json"]
     out += ["### Delegation {#vectors-security-delegation}", ""]
+    sites = scope.get("sites", [])
+    at_sites = f", at sites {', '.join(str(x) for x in sites)} only" if sites else ", at any site"
     out.append(
         f"The operator key authorises the node key for CS-IDs "
         f"{', '.join(str(c) for c in scope['cs_ids'])}, routes "
         f"{', '.join(scope['routes'])} and instance addresses "
-        f"{', '.join(scope['addresses'])}, valid from {scope['not_before_ms']} to "
-        f"{scope['not_after_ms']}. The Delegation TLV value:"
+        f"{', '.join(scope['addresses'])}{at_sites}, valid from "
+        f"{scope['not_before_ms']} to {scope['not_after_ms']}. The Delegation TLV value:"
     )
     out.append("")
     value = bytes.fromhex(d["tlv_value"])
@@ -485,6 +488,14 @@ def _security_section(vectors: JSON) -> list[str]:
             out.append("")
             out.append(_art(wrap_hex(bytes.fromhex(adv["associated_data"]))))
             out.append(_art(annotate_value_partial(bytes.fromhex(adv["plaintext"]))))
+        if "opened_value" in adv:
+            out.append(
+                "The opened advertisement (opened_value): the clear TLVs, the Signature "
+                "TLV included, with the sealed ones in place of the Sealed Cache TLV "
+                "({{sealing}}):"
+            )
+            out.append("")
+            out.append(_art(annotate_value(bytes.fromhex(adv["opened_value"]))))
         out.append("The signed path attribute:")
         out.append("")
         out.append(_art(annotate_attribute(bytes.fromhex(adv["attribute"]))))
@@ -511,6 +522,40 @@ def _security_section(vectors: JSON) -> list[str]:
             lines.append(f"value:   that of advertisement {same}")
         else:
             lines += ["value:"] + ["  " + h for h in wrap_hex(bytes.fromhex(case["value"]))]
+        out.append(_art(lines))
+    out += _ed25519_keys_section(vectors.get("ed25519_keys", ()))
+    return out
+
+
+def _ed25519_keys_section(cases: Iterable[JSON]) -> list[str]:
+    """Public keys with x = 0 and one forged signature (Signature TLV, rules 5 and 6)."""
+    cases = list(cases)
+    if not cases:
+        return []
+    out = ["### Ed25519 Keys with x = 0 {#vectors-security-ed25519}", ""]
+    out.append(
+        "The two encodings of y = 1 ({{signature-tlv}}, Ed25519 rules 5 and 6), each "
+        "with the same message and signature, a forgery: R is the encoding of \\[S\\]B, so "
+        "that \\[S\\]B = R + \\[k\\]A holds for A the identity whatever k is. With the "
+        "sign bit clear the key is the "
+        "identity, of small order: the forgery verifies, so a receiver refuses the key "
+        "where it loads keys (rule 6). With the sign bit set, x = 0 cannot have it: "
+        "the octets do not decode, and verify nothing (rule 5)."
+    )
+    out.append("")
+    for case in cases:
+        public, signature = bytes.fromhex(case["public_key"]), bytes.fromhex(case["signature"])
+        message = bytes.fromhex(case["message"])
+        if verify(public, signature, message) is not case["verifies"]:
+            raise ValueError(f"ed25519 case {case['name']}: the code says otherwise")
+        lines = [f"case:       {case['name']}", "public key:"]
+        lines += ["  " + h for h in wrap_hex(public, 32)]
+        lines += [f"message:    {message.decode()!r} ({len(message)} octets)", "signature:"]
+        lines += ["  " + h for h in wrap_hex(signature, 32)]
+        lines += [
+            f"verifies:   {'yes' if case['verifies'] else 'no'}",
+            f"on load:    {case['on_load']}",
+        ]
         out.append(_art(lines))
     return out
 
@@ -716,6 +761,18 @@ def vectors_markdown(
         "These vectors are generated from the files in tests/vectors/ of the "
         "implementation, which its code writes; the draft is checked against them "
         "whenever the implementation's tests run."
+    )
+    out.append("")
+    out.append(
+        "What a vector requires is in its octets and its verdicts. The JSON form of "
+        "those files, like the names in the annotations below, is informative and "
+        "spells names its own way: a TLV by its registered name (metrics-l2, "
+        "cache-model); a field by its name in lower case with underscores for spaces "
+        "and hyphens (cs_id for CS-ID, site_id for Site ID, key_lo for Key Low); a "
+        "registered code in JSON by its registered name with underscores for hyphens "
+        "(blake2b64_chained for blake2b64-chained, cs_id for the scope kind cs-id), "
+        "and in the annotations by its number and registered name; a code no "
+        "registry names by its number."
     )
     out.append("")
     out += _wire_section(wire_vectors)
