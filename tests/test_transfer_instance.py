@@ -4,6 +4,7 @@ advertised by its C-SMA), refusals that admit nothing, and stale hits it reports
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,6 +197,45 @@ def test_wrong_or_untrusted_holder_is_refused_and_nothing_is_admitted(
         c.close()
     assert b.engine.state()["transfers"]["failed"] == 2
     assert b.engine.state()["transfers"]["refused"] == 1
+
+
+def test_a_holder_announcing_blocks_larger_than_the_instance_stores_is_refused() -> None:
+    """The instance's puller holds a trusted holder to the payload size it stores itself:
+    a holder that sends blocks twice that size is refused at the first block's header,
+    and nothing is admitted."""
+    big = ModelledEngine(
+        EngineConfig(block_size=BS, prefill_rate_tps=1e7, tiers=TIERS, payload_bytes=2 * PAYLOAD),
+        keyer=BlockKeyer(SECRET, "m", BS),
+    )
+    identity = TransferIdentity(KEYS["a"])
+    server = TransferServer(
+        identity, PeerPolicy(TRUST), big.lookup_payload, "127.0.0.1", 0, ServerOptions(epoch=3)
+    ).start()
+    b_identity = TransferIdentity(KEYS["b"])
+    puller = KvPuller(b_identity, TRUST, source_address="127.0.0.1", timeout=5)
+    b = ModelledEngine(
+        EngineConfig(block_size=BS, prefill_rate_tps=1e7, tiers=TIERS, payload_bytes=PAYLOAD),
+        keyer=BlockKeyer(SECRET, "m", BS),
+        puller=dataclasses.replace(puller, max_block_bytes=PAYLOAD),
+    )
+    try:
+        tokens = prompt(12, 3)
+        big.submit({"prompt_token_ids": tokens}, timeout=10)
+        host, port = server.address
+        source = {"address": host, "port": port, "key_id": identity.key_id.hex()}
+        reply = b.submit({"prompt_token_ids": tokens, "kv_source": source}, timeout=10)
+        assert not reply["transfer"]["ok"] and reply["transfer"]["blocks"] == 0
+        assert str(2 * PAYLOAD) in reply["transfer"]["error"]
+        assert reply["cached_blocks"] == 0 and reply["prefill_tokens"] == 3 * BS
+        # what it holds now it computed itself: its own size, not the holder's
+        assert len(b.payloads) == 3
+        assert all(len(block.payload) == PAYLOAD for block in b.payloads.values())
+    finally:
+        b.close()
+        server.close()
+        big.close()
+        identity.close()
+        b_identity.close()
 
 
 def test_bad_instructions_are_refused_before_anything_happens(pair: tuple[Served, Served]) -> None:

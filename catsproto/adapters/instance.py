@@ -257,6 +257,9 @@ class KvPuller:
     timeout: float = 30.0
     attempts: int = 2  # the first pull, then one resumption from the last verified block
     holder_port: int | None = None  # the holders' transfer port (None: any)
+    # the bytes a block is expected to have (the engine's payload per block): a holder,
+    # even a trusted one, that announces more is refused at the block's header
+    max_block_bytes: int | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def refusal(self, source: KvSource, now_ms: int) -> str:
@@ -282,6 +285,7 @@ class KvPuller:
         from catsproto.adapters.transfer_tls import PeerPolicy, pull
 
         policy = PeerPolicy(self.trust, expected_key_id=source.key_id)
+        limit = {} if self.max_block_bytes is None else {"max_block_bytes": self.max_block_bytes}
         resume = None
         for attempt in range(1, self.attempts + 1):
             result = pull(
@@ -294,6 +298,7 @@ class KvPuller:
                 rate_bps=self.rate_bps,
                 timeout=self.timeout,
                 source_address=self.source_address,
+                **limit,
             )
             if result.completed is not None or getattr(result.error, "code", None):
                 return result, attempt  # done, or refused (a refusal is not retried)

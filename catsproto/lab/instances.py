@@ -322,7 +322,13 @@ class ServedInstance:
         keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
         self.identity = TransferIdentity(signer) if trust is not None else None
         puller = (  # dials only lab holders, at their own address and transfer port
-            KvPuller(self.identity, trust, source_address=host, holder_port=transfer_port)
+            KvPuller(
+                self.identity,
+                trust,
+                source_address=host,
+                holder_port=transfer_port,
+                max_block_bytes=payload_bytes,  # what every lab instance stores per block
+            )
             if self.identity is not None and trust is not None
             else None
         )
