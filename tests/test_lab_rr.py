@@ -10,6 +10,7 @@ the other still delivers. The lab tests need root; under CI=true they always run
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -296,6 +297,44 @@ def test_forged_advertisement_is_refused_through_both_reflectors(rr_lab):
         lab.wait_for(refused, 20, f"the forged route refused at {site} from both reflectors")
         # the other instances' state is untouched
         assert any(r["origin"] == str(spec.address) for r in lab.routes(site))
+
+
+@needs_root
+def test_an_instance_claiming_another_site_is_refused_through_both_reflectors(rr_lab):
+    """#32 row 4: the lab binds each instance's key to its site, so an instance of s2
+    signing with its own key but naming s1's site id (to be priced at s1's distance) is
+    refused as not-authorised at every other site, through both reflectors."""
+    lab = rr_lab
+    spec = lab.topology.nodes["s2"].instances[0]
+    other = lab.topology.nodes["s1"].instances[0].site_id
+    assert other != spec.site_id
+    claim = dataclasses.replace(spec, site_id=other)
+    routes = instance_routes(
+        claim,
+        np.arange(1, 50, dtype=np.uint64),
+        sequence=98,
+        now_ms=int(time.time() * 1000),
+        max_message=65535,
+        signer=lab_key(lab.topology, spec.name),  # its own, authorised key
+    )
+    before = {site: len(lab.events(site)) for site in ("s1", "s3", "s4")}
+    lab.spool("s2").publish(spec.csci, routes[spec.csci])
+    for site in ("s1", "s3", "s4"):
+        peers = set(_reflector_of(lab, site))
+
+        def refused(s: str = site, peers: set[str] = peers) -> bool:
+            from_peers = {
+                e["peer"]
+                for e in lab.events(s)[before[s] :]
+                if e["kind"] == "treat-as-withdraw"
+                and e["prefix"] == str(spec.csci)
+                and "not-authorised" in e.get("reason", "")
+                and f"site {other}" in e.get("reason", "")
+            }
+            held = [r for r in lab.routes(s) if r["prefix"] == str(spec.csci)]
+            return from_peers >= peers and not held
+
+        lab.wait_for(refused, 20, f"the other site's claim refused at {site} from both reflectors")
 
 
 @needs_root
