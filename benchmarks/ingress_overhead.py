@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         (d / "steering.json").write_text(json.dumps(config.to_json()))
         (d / "token").write_text(TOKEN + "\n")
+        (d / "token").chmod(0o600)  # the ingress refuses a token file others may read
         ready = d / "ready"
         proc = subprocess.Popen(
             [

@@ -143,4 +143,5 @@ def lab_capture() -> LabCapture:
     result = record_capture(out / "lab.pcap", anns)
     (out / "trust.json").write_text(json.dumps(trust_json()))
     (out / "group-key.json").write_text(json.dumps(GROUP_KEY.to_json()))
+    (out / "group-key.json").chmod(0o600)  # a group key file others may read is refused
     return LabCapture(out / "lab.pcap", out / "trust.json", out / "group-key.json", values, result)

@@ -97,6 +97,7 @@ def ask_engine(lab: runner.Lab, tmp: Path, address: str, prompts: list[Any]) -> 
     """The prompts straight to one engine, from its own egress (no ingress, no token)."""
     token = tmp / "no.token"
     token.write_text("none\n")
+    token.chmod(0o600)  # a token file others may read is refused
     path = tmp / f"prompts-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(prompts))
     argv = ["catsproto.lab.engine_client", "ask", "--url", f"http://{address}:8000"]

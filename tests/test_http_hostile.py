@@ -403,6 +403,7 @@ def test_generate_withholds_the_decision_detail_without_a_token(service, with_to
 def test_a_bad_token_file_stops_the_daemon_at_start(tmp_path, content, words, capsys):
     path = tmp_path / "token"
     path.write_text(content)
+    path.chmod(0o600)  # refused for what it holds, not for its mode
     with pytest.raises(ValueError, match=words):
         http.read_api_token(path)
     with pytest.raises(SystemExit) as exc:
@@ -413,6 +414,7 @@ def test_a_bad_token_file_stops_the_daemon_at_start(tmp_path, content, words, ca
 def test_a_token_file_is_read_stripped(tmp_path):
     path = tmp_path / "token"
     path.write_text(TOKEN.decode() + "\n")
+    path.chmod(0o600)
     assert http.read_api_token(path) == TOKEN
 
 

@@ -67,6 +67,7 @@ def test_the_command_serves_a_completion_and_stops_on_sigterm(tmp_path, vllm_eng
     config.write_text(json.dumps(steering_config(rib.path, vllm_engine).to_json()))
     token = tmp_path / "token"
     token.write_text(API_TOKEN + "\n")
+    token.chmod(0o600)  # a token file others may read is refused
     ready = tmp_path / "ready"
     name = vllm_engine.served_model_name
     proc = subprocess.Popen(

@@ -232,6 +232,7 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
     out = tmp_path / "adverts.jsonl"
     token_file = tmp_path / "token"
     token_file.write_bytes(TOKEN + b"\n")
+    token_file.chmod(0o600)  # a token file others may read is refused
     proc = subprocess.Popen(
         [
             sys.executable,

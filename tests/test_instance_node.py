@@ -70,6 +70,7 @@ def free_port() -> int:
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "node.token"
     path.write_text(TOKEN + "\n")
+    path.chmod(0o600)  # a token file others may read is refused
     return path
 
 
@@ -187,6 +188,7 @@ def test_bad_options_exit_2_naming_them(extra: list[str], says: str) -> None:
 def test_a_short_token_file_and_a_taken_port_are_refused(tmp_path: Path) -> None:
     short = tmp_path / "short.token"
     short.write_text("abc\n")
+    short.chmod(0o600)
     r = run_node("--api-token-file", str(short))
     assert r.returncode == 2 and "--api-token-file: API token file" in r.stderr, r.stderr
     with socket.socket() as taken:

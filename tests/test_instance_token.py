@@ -204,6 +204,7 @@ def _serve(*options: str) -> subprocess.CompletedProcess[str]:
 def test_a_token_file_that_is_not_a_token_is_refused_at_start(tmp_path, content):
     path = tmp_path / "token"
     path.write_text(content)
+    path.chmod(0o600)  # refused for what it holds, not for its mode
     r = _serve("--api-token-file", str(path))
     assert r.returncode == 2
     assert r.stderr.startswith(f"catsproto instance serve: --api-token-file: API token file {path}")

@@ -59,6 +59,7 @@ def test_a_sealed_lab_carries_ciphertext_that_only_the_receiver_opens(tmp_path, 
         trust = str(lab.node_dir("e1") / "trust.json")
         group_key = tmp_path / "group.key"
         group_key.write_bytes(key.read_bytes())
+        group_key.chmod(0o600)  # a group key file others may read is refused
     finally:
         lab.down()
         assert netns.leftover_namespaces(tag) == []

@@ -123,13 +123,17 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
 def test_bad_group_key_arguments_are_refused(tmp_path):
     key = tmp_path / "group.key"
     key.write_text(json.dumps(F.group.active.to_json()))
+    key.chmod(0o600)  # a group key file others may read is refused
     trust = tmp_path / "trust.json"
     trust.write_text(json.dumps(F.trust.to_json()))
+    not_a_key = tmp_path / "not-a-key.json"  # private, so refused for what it holds
+    not_a_key.write_text(json.dumps(F.trust.to_json()))
+    not_a_key.chmod(0o600)
     out = str(tmp_path / "out")
     cases = [
         (["--group-key", str(key)], "needs --trust or --trust-when-present"),
         (["--trust", str(trust), "--group-key", str(tmp_path / "none")], "cannot read it"),
-        (["--trust", str(trust), "--group-key", str(trust)], "not a group key file"),
+        (["--trust", str(trust), "--group-key", str(not_a_key)], "not a group key file"),
         (["--trust", str(trust)] + ["--group-key", str(key)] * 3, "one or two group keys"),
         (["--trust", str(trust)] + ["--group-key", str(key)] * 2, "share id 7"),
     ]
@@ -145,6 +149,7 @@ def test_the_process_opens_a_sealed_value_and_writes_it_privately(tmp_path):
     trust, key, out = tmp_path / "trust.json", tmp_path / "group.key", tmp_path / "out"
     trust.write_text(json.dumps(trust_for_now(now).to_json()))
     key.write_text(json.dumps(F.group.active.to_json()))
+    key.chmod(0o600)  # a group key file others may read is refused
     adv = security.seal(F.base.replace(wire.Timestamp(now)), F.group, bytes(12))
     value = wire.encode(security.sign(adv, F.node, NLRI))
     argv = ["--out", str(out), "--trust", str(trust), "--group-key", str(key)]

@@ -444,6 +444,7 @@ def test_the_smallest_message_for_the_default_node_is_accepted() -> None:
 def test_a_key_file_that_is_not_utf8_is_a_usage_error(command: str, tmp_path: Path) -> None:
     bad = tmp_path / "key.json"
     bad.write_bytes(b"\xc3\x28")
+    bad.chmod(0o600)  # refused for what it holds, not for its mode
     rest = ["--synthetic", "7:4:1024", "--listen", "127.0.0.1:0"]
     if command == "pull":
         rest = ["--synthetic", "7:4", "--from", "127.0.0.1:9"]

@@ -537,6 +537,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("cli")
     (d / "op.key").write_text(json.dumps(F.operator.to_json("op")))
     (d / "node.key").write_text(json.dumps(F.node.to_json("node")))
+    for private in ("op.key", "node.key"):
+        (d / private).chmod(0o600)  # a private key file others may read is refused
     (d / "deleg.json").write_text(json.dumps(security.delegation_to_json(F.delegation)))
     (d / "trust.json").write_text(_trust_json())
     (d / "ops5.json").write_text('{"format": "catsproto-trust/1", "operators": 5}')

@@ -273,6 +273,7 @@ def test_inspect_with_a_group_key_and_no_trust_shows_it_not_checked(tmp_path):
 
     key = tmp_path / "group.key"
     key.write_text(json.dumps(F.group.active.to_json()))
+    key.chmod(0o600)  # a group key file others may read is refused
     check = make_verifier(None, [str(key)])
     got = check(wire.encode(_unknown(F.at(1, 43))), None, 0.0)
     assert got.status == "not-checked"

@@ -179,6 +179,7 @@ def test_a_key_learned_in_band_is_not_revoked_by_a_reload(tmp_path):
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("revoke")
     (d / "op.key").write_text(json.dumps(F.operator.to_json("op")))
+    (d / "op.key").chmod(0o600)  # a private key file others may read is refused
     (d / "deleg.json").write_text(json.dumps(security.delegation_to_json(F.delegation)))
     done = _cli("trust", "--operator", "op.key", "--delegation", "deleg.json", cwd=d)
     assert done.returncode == 0, done.stderr

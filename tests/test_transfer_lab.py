@@ -34,6 +34,7 @@ def test_pull_across_namespaces_over_a_shaped_link(tmp_path: Path) -> None:
     creds = bench.write_credentials(tmp_path)
     stranger = tmp_path / "stranger.json"
     stranger.write_text(json.dumps(SigningKey.from_seed(b"s" * 32).to_json("stranger")))
+    stranger.chmod(0o600)  # a key file others may read is refused before its key is tried
     expected = hashlib.sha256()
     for k in synthetic_keys(7, BLOCKS):
         expected.update(synthetic_payload(k, SIZE))

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from catsproto import wire
+from catsproto.adapters.file_modes import read_secret_file, read_trust_file
 from catsproto.wire import DEFAULT_ATTRIBUTE_TYPE
 
 _ATTRIBUTE_KEY = re.compile(r"^attribute-0x([0-9A-Fa-f]{2})-0x([0-9A-Fa-f]{2})$")
@@ -342,7 +343,9 @@ class TrustFileVerifier:
         if stamp == self._stamp:
             return self._receiver
         try:
-            store = security.TrustStore.from_json(json.loads(self.path.read_bytes()))
+            store = security.TrustStore.from_json(
+                json.loads(read_trust_file(self.path, "trust file"))
+            )
         except OSError as exc:
             self._failed(stamp, f"cannot read it: {exc.strerror}")
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8, TrustFileError
@@ -867,7 +870,9 @@ def _group_keys(p: argparse.ArgumentParser, paths: list[str]) -> Any:
     keys = []
     for path in paths:
         try:
-            keys.append(security.GroupKey.from_json(json.loads(Path(path).read_bytes())))
+            keys.append(
+                security.GroupKey.from_json(json.loads(read_secret_file(path, "group key file")))
+            )
         except OSError as exc:
             p.error(f"--group-key {path}: cannot read it: {exc.strerror}")
         except (ValueError, KeyError, TypeError, RecursionError) as exc:

@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+from catsproto.adapters.file_modes import FileModeError, read_secret_file
+
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused (413)
 READ_TIMEOUT_S = 10.0  # one request (line, headers, body) must arrive within this
 MAX_HANDLERS = 512  # connections served at once (twice the listen backlog daemons use)
@@ -295,8 +297,10 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY) -
 
 def read_api_token(path: str | Path) -> bytes:
     """The API token in a file (surrounding whitespace stripped): at least 16 characters
-    of printable ASCII, the form a bearer token takes in an HTTP header."""
-    text = Path(path).read_text(encoding="ascii", errors="replace").strip()
+    of printable ASCII, the form a bearer token takes in an HTTP header. A file group or
+    others may read or write is refused (`file_modes.FileModeError`, an OSError)."""
+    raw = read_secret_file(path, "API token file")
+    text = raw.decode("ascii", errors="replace").strip()
     if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in text):
         raise ValueError(
             f"API token file {path}: {len(text)} characters; need at least "
@@ -312,6 +316,8 @@ def token_option(path: str | None, option: str) -> bytes | None:
         return None
     try:
         return read_api_token(path)
+    except FileModeError as exc:
+        raise ValueError(f"{option}: {exc}") from None
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot read it: {exc.strerror or exc}") from None
     except ValueError as exc:

@@ -30,13 +30,19 @@ from typing import Any
 from catsproto import wire
 from catsproto.adapters import pcap
 from catsproto.adapters.cli_args import seconds, whole_number
+from catsproto.adapters.file_modes import FileModeError, read_secret_file, read_trust_file
 from catsproto.adapters.pcap_file import CaptureFileError
 from catsproto.commands import UsageError, add_type_code
 
 
-def _load_json(path: str, what: str) -> Any:
+def _load_json(path: str, what: str, *, secret: bool) -> Any:
+    """The JSON in a `what` file, refused if its mode lets others read a secret or write
+    a trust file (`file_modes`)."""
     try:
-        return json.loads(Path(path).read_text())
+        raw = read_secret_file(path, what) if secret else read_trust_file(path, what)
+        return json.loads(raw.decode("utf-8"))
+    except FileModeError as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -56,7 +62,8 @@ def make_verifier(trust_file: str | None, group_key_files: list[str]) -> pcap.Ve
             raise UsageError("at most two --group-key files (the active and a standby key)")
         try:
             keys = [
-                security.GroupKey.from_json(_load_json(f, "group key")) for f in group_key_files
+                security.GroupKey.from_json(_load_json(f, "group key", secret=True))
+                for f in group_key_files
             ]
             keyring = security.GroupKeyring.of(keys)
         except (ValueError, KeyError, TypeError) as exc:
@@ -77,7 +84,7 @@ def make_verifier(trust_file: str | None, group_key_files: list[str]) -> pcap.Ve
 
         return open_only
     try:
-        trust = security.TrustStore.from_json(_load_json(trust_file, "trust file"))
+        trust = security.TrustStore.from_json(_load_json(trust_file, "trust file", secret=False))
     except (security.TrustFileError, ValueError) as exc:
         raise UsageError(f"trust file {trust_file}: {exc}") from None
     state = {"receiver": security.Receiver(trust, group_keys=keyring)}

@@ -2,7 +2,8 @@
 
 The logic is in `catsproto.security.commands` (pure); this module reads files, draws
 randomness and the clock, and prints. Private key files are created 0600 and never
-overwritten.
+overwritten; a key or group key file group or others may use, or a trust or delegation
+file they may write, is refused (`catsproto.adapters.file_modes`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from catsproto.adapters import file_modes
 from catsproto.commands import UsageError, add_type_code, bytes_from_input, read_input
 from catsproto.security import commands
 
 
-def _json(path: str) -> Any:
-    raw = read_input(path)
+def _read(path: str) -> tuple[bytes, int | None]:
+    """The bytes of a file and its mode (`file_modes.read_with_mode`); stdin (`-`) has no
+    mode to check."""
+    if path == "-":
+        return read_input(path), None
+    try:
+        return file_modes.read_with_mode(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _json(path: str, raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except UnicodeDecodeError as exc:
@@ -31,11 +43,21 @@ def _json(path: str) -> Any:
         raise UsageError(f"{path}: JSON nested too deeply") from None
 
 
-def _object(path: str, what: str) -> dict[str, Any]:
-    """A JSON file that must hold one object (a key, delegation or trust file)."""
-    obj = _json(path)
+def _object(path: str, what: str, *, secret: bool | None) -> dict[str, Any]:
+    """A JSON file that must hold one object (a key, delegation or trust file), refused
+    if its mode lets others in (`file_modes`): `secret` True for a private or group key
+    (nothing for group or others), False for a trust or delegation file (no writing for
+    them), None for an operator key file, which is a secret when it holds a seed."""
+    raw, mode = _read(path)
+    obj = _json(path, raw)
     if not isinstance(obj, dict):
         raise UsageError(f"{path}: a {what} file holds a JSON object, not {json.dumps(obj)[:20]}")
+    if mode is not None:
+        holds_secret = "seed" in obj if secret is None else secret
+        try:
+            file_modes.refuse_open_mode(path, mode, f"{what} file", secret=holds_secret)
+        except file_modes.FileModeError as exc:
+            raise UsageError(str(exc)) from None
     return obj
 
 
@@ -84,7 +106,7 @@ def cmd_authorize(args: argparse.Namespace) -> int:
         raise UsageError(f"--days {args.days}: give a finite number of days above 0")
     start = args.not_before_ms if args.not_before_ms is not None else _now_ms()
     delegation = commands.authorize(
-        _object(args.operator_key, "key"),
+        _object(args.operator_key, "key", secret=True),
         args.node_public_key,
         cs_ids=args.cs_id,
         routes=args.route,
@@ -101,13 +123,13 @@ def cmd_authorize(args: argparse.Namespace) -> int:
 def cmd_trust(args: argparse.Namespace) -> int:
     operators = []
     for path in args.operator:
-        key = _object(path, "key")
+        key = _object(path, "key", secret=None)  # private (a secret) or public
         operators.append(commands.public_key(key) if "seed" in key else key)
     trust = commands.build_trust(
         operators,
-        [_object(p, "delegation") for p in args.delegation],
+        [_object(p, "delegation", secret=False) for p in args.delegation],
         revoke=args.revoke,
-        previous=_object(args.previous, "trust") if args.previous else None,
+        previous=_object(args.previous, "trust", secret=False) if args.previous else None,
     )
     print(json.dumps(trust, indent=2))
     return 0
@@ -117,12 +139,12 @@ def cmd_trust(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     value = bytes_from_input(read_input(args.file))
     if args.seal:
-        keys = [_object(p, "group key") for p in args.seal]
+        keys = [_object(p, "group key", secret=True) for p in args.seal]
         value = commands.seal_value(value, keys, os.urandom(12))
-    delegation = _object(args.delegation, "delegation") if args.delegation else None
+    delegation = _object(args.delegation, "delegation", secret=False) if args.delegation else None
     signed = commands.sign_value(
         value,
-        _object(args.key, "key"),
+        _object(args.key, "key", secret=True),
         commands.parse_nlri(args.route),
         args.type_code,
         delegation,
@@ -136,12 +158,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verdict = commands.verify_value(
         bytes_from_input(read_input(args.file)),
         commands.parse_nlri(args.route),
-        _object(args.trust, "trust"),
+        _object(args.trust, "trust", secret=False),
         args.now_ms if args.now_ms is not None else _now_ms(),
         max_age_ms=args.max_age_ms,
         max_future_ms=args.max_future_ms,
         attribute_type=args.type_code,
-        group_keys=[_object(p, "group key") for p in args.group_key] or None,
+        group_keys=[_object(p, "group key", secret=True) for p in args.group_key] or None,
     )
     out = verdict.to_json()
     if verdict.ok and args.show:

@@ -27,9 +27,9 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from catsproto.adapters.file_modes import FileModeError, read_secret_file, read_trust_file
 from catsproto.adapters.stop import StopSignal
 from catsproto.commands import UsageError
 
@@ -146,12 +146,17 @@ def _synthetic(text: str, parts: int, optional_bytes: bool = False) -> list[int]
     return values
 
 
-def _json_file(option: str, path: str) -> Any:
-    """The JSON of the file an option names; an error names the option and the path once."""
+def _json_file(option: str, path: str, what: str, *, secret: bool) -> Any:
+    """The JSON of the `what` file an option names, refused if its mode lets others read
+    a secret or write a trust file (`file_modes`); an error names the option and the path
+    once."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = read_secret_file(path, what) if secret else read_trust_file(path, what)
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise UsageError(f"{option} {path}: not UTF-8 text") from None
+    except FileModeError as exc:
+        raise UsageError(f"{option}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"{option} {path}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
@@ -167,8 +172,8 @@ def _credentials(args: argparse.Namespace) -> tuple[Any, Any]:
     if not args.key or not args.trust:
         raise UsageError("--key and --trust are required (or --plaintext for a baseline)")
     try:
-        key = SigningKey.from_json(_json_file("--key", args.key))
-        trust = TrustStore.from_json(_json_file("--trust", args.trust))
+        key = SigningKey.from_json(_json_file("--key", args.key, "key file", secret=True))
+        trust = TrustStore.from_json(_json_file("--trust", args.trust, "trust file", secret=False))
     except (KeyFormatError, TrustFileError) as exc:
         raise UsageError(str(exc)) from None
     expected = None
@@ -185,7 +190,7 @@ def _reloading(policy: Any, path: str) -> None:
     every connection), starting from the file as it is now."""
     from catsproto.adapters.transfer_tls import TrustFile
 
-    trust = TrustFile(path)
+    trust = TrustFile(path, read=lambda p: read_trust_file(p, "trust file"))  # its mode too
     if trust.current() is None:  # it loaded a moment ago, in _credentials
         raise UsageError(f"--trust {path}: {trust.error}")
     policy.trust = trust

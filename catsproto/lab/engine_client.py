@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from catsproto.adapters.file_modes import read_secret_file
+
 DECISION_HEADERS = (
     "x-catsproto-instance",
     "x-catsproto-site",
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--policy", help="x-catsproto-policy header (e.g. nearest: network-only CATS)")
     args = p.parse_args(argv)
-    token = Path(args.token_file).read_text().strip()
+    token = read_secret_file(args.token_file, "API token file").decode().strip()
     headers = {"x-catsproto-policy": args.policy} if args.policy else None
     if args.mode == "ask":
         if not args.prompt_json:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from catsproto.adapters.file_modes import write_secret_file
 from catsproto.lab import flows
 from catsproto.lab.engine import ENGINE_BLOCK_TOKENS, ENGINE_PORT, MODEL_DIR, SERVED_MODEL
 from catsproto.lab.engine_site import ENGINE_CS_ID
@@ -100,7 +101,7 @@ class EngineDemo:
         """Straight to one engine from its own egress, as another ingress would send it."""
         node = self._egress_of(address)
         token = self.tmp / "none.token"
-        token.write_text("none\n")
+        write_secret_file(token, b"none\n")  # a token file the client reads: 0600
         argv = ["catsproto.lab.engine_client", "ask", "--url", f"http://{address}:{ENGINE_PORT}"]
         argv += ["--token-file", str(token), "--prompt-json", self._prompt_file(text)]
         answer: dict[str, Any] = self._run(node, argv)[0]

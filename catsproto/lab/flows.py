@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from catsproto.adapters import netns
+from catsproto.adapters.file_modes import read_secret_file
 from catsproto.adapters.steering import DEFAULT_PORT, SteeringConfig, post_json
 from catsproto.lab.errors import LabError
 from catsproto.lab.instances import (
@@ -323,6 +324,11 @@ def _timed_generate(url: str, body: dict[str, Any], token: str | None = None) ->
     return {"url": url, "ttft_ms": round(ttft, 3), "reply": reply}
 
 
+def _read_token(path: str | None) -> str | None:
+    """The bearer token in `path` (refused if group or others may read the file)."""
+    return read_secret_file(path, "API token file").decode().strip() if path else None
+
+
 def client_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="flows client", description="a client behind the ingress")
     p.add_argument("--api", required=True, help="the steering API, http://ADDRESS:PORT")
@@ -336,9 +342,8 @@ def client_main(argv: list[str]) -> int:
         "--instance-token-file", help="the instances' bearer token (for the direct requests)"
     )
     args = p.parse_args(argv)
-    token = Path(args.api_token_file).read_text().strip() if args.api_token_file else None
-    direct = args.instance_token_file
-    instance_token = Path(direct).read_text().strip() if direct else None
+    token = _read_token(args.api_token_file)
+    instance_token = _read_token(args.instance_token_file)
     tokens = demo_prompt(args.site)
     body = {"cs_id": args.cs_id, "prompt_token_ids": tokens}
     result: dict[str, Any] = {"prompt_tokens": len(tokens), "decisions": [], "steered": []}

@@ -46,6 +46,7 @@ import numpy as np
 
 from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
+from catsproto.adapters.file_modes import write_trust_file
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec
@@ -261,8 +262,8 @@ def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
 
 
 def write_lab_trust(topology: Topology, path: str, now_ms: int) -> None:
-    with open(path, "w") as f:
-        json.dump(lab_trust(topology, now_ms), f)
+    """The lab's trust file, mode 0644 (a receiver refuses one others may write)."""
+    write_trust_file(path, json.dumps(lab_trust(topology, now_ms)).encode())
 
 
 def publish(spool: Spool, routes: dict[Prefix, bytes], previous: set[Prefix]) -> set[Prefix]:
