@@ -366,6 +366,26 @@ def test_transfer_serve_rereads_its_trust_file_only_while_others_cannot_write_it
         transfer._reloading(SimpleNamespace(trust=None), str(path))
 
 
+def test_a_chmod_alone_is_reread(files):
+    """Fixing a refused file's mode is a change the daemons see: the mode is part of the
+    stamp they reread on, so no `touch` is needed."""
+    from catsproto.adapters import exabgp_receive as rx
+    from catsproto.commands import transfer
+
+    path = files["trust.json"]
+    path.chmod(0o664)
+    verifier = rx.TrustFileVerifier(path, log=lambda m: None)
+    assert verifier._current() is None and verifier.reload_failures == 1  # refused
+    policy = SimpleNamespace(trust=None)
+    path.chmod(0o644)
+    transfer._reloading(policy, str(path))
+    path.chmod(0o664)
+    assert policy.trust.current() is not None and policy.trust.reload_failures == 1
+    path.chmod(0o644)  # mtime, size and inode unchanged
+    assert verifier._current() is not None and verifier.loads == 1
+    assert policy.trust.current() is not None and policy.trust.error == ""
+
+
 def test_the_engine_client_refuses_a_readable_token(files):
     from catsproto.lab import engine_client
 

@@ -339,7 +339,7 @@ class TrustFileVerifier:
                 return None
             self._failed((-1,), f"cannot read it: {exc.strerror}")
             return self._receiver
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)  # a chmod too
         if stamp == self._stamp:
             return self._receiver
         try:

@@ -297,7 +297,7 @@ class TrustFile:
             except OSError as exc:
                 self._failed((-1,), f"cannot read it: {exc.strerror or exc}")
                 return self._store
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)  # a chmod too
             if stamp == self._stamp:
                 return self._store
             try:
