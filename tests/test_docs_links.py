@@ -27,7 +27,7 @@ HELP_TIMEOUT_S = 60
 
 # ---- reading a markdown page -----------------------------------------------------------
 
-FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)")
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([^`\s]*)")  # fences in list items too
 ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 INLINE_LINK = re.compile(
