@@ -47,7 +47,7 @@ class Counting:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, verifier) -> None:
         self.decodes = self.checks = 0
-        real_decode, real_verify = rx.wire.decode, verifier.__call__
+        real_decode, real_verify = wire.decode, verifier.__call__
 
         def decode(data, *a, **k):
             self.decodes += 1
@@ -57,7 +57,7 @@ class Counting:
             self.checks += 1
             return real_verify(value, adv, prefix)
 
-        monkeypatch.setattr(rx.wire, "decode", decode)
+        monkeypatch.setattr(wire, "decode", decode)
         monkeypatch.setattr(verifier, "__call__", check)
 
 
