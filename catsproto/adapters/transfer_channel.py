@@ -15,18 +15,14 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from catsproto.adapters.transfer_identity import PeerAuthError, PeerPolicy, TransferIdentity
 from catsproto.security import (
     Authorisation,
 )
 from catsproto.transfer import (
     TransferError,
 )
-
-if TYPE_CHECKING:
-    from catsproto.adapters.transfer_identity import PeerPolicy, TransferIdentity
-
 
 TRANSFER_PORT = 7470
 """Where an instance serves pulls: this TCP port on its advertised Origin address (the
@@ -41,26 +37,6 @@ of at most 4 KiB, sent at once after the connect)."""
 SLOT_WAIT = 1.0
 """Seconds the accept loop waits for the slot of an unauthenticated connection it has
 just evicted to be given back (its thread wakes at once on the shutdown)."""
-
-
-class PeerAuthError(TransferError):
-    """The peer is not who it must be; `reason` is one of the `REASONS`."""
-
-    REASONS = (
-        "bad-certificate",
-        "unknown-key",
-        "key-expired",
-        "wrong-peer",
-        "handshake",
-        "trust-unavailable",
-    )
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.code = reason
-
-    def located(self, offset: int | None, tlv_type: int | None) -> PeerAuthError:
-        return self
 
 
 class HandshakeDeadlineError(PeerAuthError):

@@ -26,7 +26,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
-from catsproto.adapters.transfer_channel import PeerAuthError
 from catsproto.security import (
     Authorisation,
     KeyExpiredError,
@@ -35,6 +34,28 @@ from catsproto.security import (
     UnknownKeyError,
     key_id,
 )
+from catsproto.transfer import TransferError
+
+
+class PeerAuthError(TransferError):
+    """The peer is not who it must be; `reason` is one of the `REASONS`."""
+
+    REASONS = (
+        "bad-certificate",
+        "unknown-key",
+        "key-expired",
+        "wrong-peer",
+        "handshake",
+        "trust-unavailable",
+    )
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.code = reason
+
+    def located(self, offset: int | None, tlv_type: int | None) -> PeerAuthError:
+        return self
+
 
 # ---- certificates ----------------------------------------------------------------------
 

@@ -26,12 +26,11 @@ from catsproto.adapters.transfer_channel import (
     SLOT_WAIT,
     Deadline,
     HandshakeDeadlineError,
-    PeerAuthError,
     RequestDeadlineError,
     _readable,
     secure,
 )
-from catsproto.adapters.transfer_identity import PeerPolicy, TransferIdentity
+from catsproto.adapters.transfer_identity import PeerAuthError, PeerPolicy, TransferIdentity
 from catsproto.transfer import (
     Holder,
     PeerCancelled,

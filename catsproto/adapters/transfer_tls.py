@@ -43,7 +43,6 @@ from catsproto.adapters.transfer_channel import (
     ConnectError,
     Deadline,
     HandshakeDeadlineError,
-    PeerAuthError,
     RequestDeadlineError,
     read_offer,
     secure,
@@ -51,6 +50,7 @@ from catsproto.adapters.transfer_channel import (
     tls_context,
 )
 from catsproto.adapters.transfer_identity import (
+    PeerAuthError,
     PeerPolicy,
     TransferIdentity,
     TrustFile,

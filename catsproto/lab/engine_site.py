@@ -29,7 +29,7 @@ from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec, healthy
-from catsproto.lab.instances import sealed
+from catsproto.lab.sealing import sealed
 from catsproto.lab.topology import InstanceSpec
 from catsproto.node import (
     BuilderConfig,

@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
-import os
 import signal
 import sys
 import threading
@@ -50,6 +49,7 @@ from catsproto.adapters.file_modes import write_trust_file
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec
+from catsproto.lab.sealing import sealed
 from catsproto.lab.topology import InstanceSpec, Topology, load
 from catsproto.node import (
     BuilderConfig,
@@ -228,14 +228,6 @@ def lab_group_keys(topology: Topology) -> security.GroupKeyring:
     derive it from the topology). `catsproto lab up --seal` seals with it."""
     secret = hashlib.sha256(f"catsproto-lab/{topology.name}/group-key".encode()).digest()
     return security.GroupKeyring(security.GroupKey.of(1, secret))
-
-
-def sealed(adv: wire.Advertisement, group_keys: security.GroupKeyring | None) -> wire.Advertisement:
-    """`adv` with its cache section sealed under `group_keys` (a fresh random nonce), or
-    `adv` itself without keys or without a cache section."""
-    if group_keys is None:
-        return adv
-    return security.seal(adv, group_keys, os.urandom(12))
 
 
 def lab_trust(topology: Topology, now_ms: int, days: int = 7) -> dict:
