@@ -65,17 +65,13 @@ here; `catsproto.lab.flows` writes the file for the lab.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import http.client
-import ipaddress
 import json
-import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -98,12 +94,17 @@ from catsproto.adapters.http import (
     withheld,
 )
 from catsproto.adapters.instance import PUBLIC_REPLY_FIELDS, mooncake_block_keys
+from catsproto.adapters.steering_forwarder import (
+    Forwarder,
+    InstalledRoute,
+    SteeringError,
+)
+from catsproto.adapters.steering_rib import RibFeed
 from catsproto.adapters.stop import StopSignal
 from catsproto.adapters.strict_json import json_body
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.selector import (
-    RIB,
     Decision,
     Link,
     Network,
@@ -114,15 +115,9 @@ from catsproto.selector import (
 )
 from catsproto.transfer import Outcome, StaleHitLedger
 
-RACY_NS = 2_000_000_000  # file timestamps may be this coarse (a kernel tick, a filesystem)
-ROUTE_PROTO = 250  # rtnetlink protocol number marking the routes this forwarder owns
 DEFAULT_PORT = 8080
 LISTEN_BACKLOG = 256
 DEFAULT_MAX_BLOCKS = 1 << 16  # blocks one request may name (SteeringConfig.max_blocks)
-
-
-class SteeringError(ValueError):
-    """A request the steering API cannot serve (the message says which field)."""
 
 
 @dataclass(frozen=True)
@@ -201,245 +196,6 @@ class SteeringConfig:
             max_blocks=obj.get("max_blocks", DEFAULT_MAX_BLOCKS),
             secret_id=obj.get("secret_id", 0),
         )
-
-
-# ---- the RIB, from the receiver's file ----------------------------------------------
-
-
-class RibFeed:
-    """A selector RIB that follows the receiver's rib.json."""
-
-    def __init__(self, path: str | Path, rib: RIB | None = None) -> None:
-        self.path = Path(path)
-        self.rib = rib or RIB()
-        self._values: dict[tuple[str, str], str] = {}
-        self._origins: dict[str, int] = {}  # address -> CS-ID
-        self.key_ids: dict[str, bytes] = {}  # address -> key id of its verified signature
-        self._stamp: tuple[int, int] | None = None
-        # a file changed within RACY_NS of being read may be rewritten at the same size
-        # within one tick of a coarse file clock: its content is compared until it is older
-        self._digest = b""
-        self._racy = False
-        self.routes = 0
-        self.bad_routes = 0  # routes of rib.json left out as unusable
-        self.bad_documents = 0  # rib.json documents refused whole
-
-    def refresh(self, now_ms: int) -> bool:
-        """Take in what changed since the last call; False if the file did not change
-        (or cannot be read or parsed yet: then the RIB stays as it was, and the file
-        is read again next time)."""
-        try:
-            st = self.path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
-            if stamp == self._stamp and not self._racy:
-                return False
-            raw = self.path.read_bytes()
-            racy = time.time_ns() - st.st_mtime_ns < RACY_NS
-            digest = hashlib.blake2b(raw, digest_size=16).digest()
-            if stamp == self._stamp and digest == self._digest:
-                self._racy = racy
-                return False
-            doc = json.loads(raw)
-        except (OSError, ValueError):
-            return False  # not there yet, or caught mid-replace: next time
-        if not self.apply(doc, now_ms):
-            return False
-        self._stamp, self._digest, self._racy = stamp, digest, racy
-        return True
-
-    def apply(self, doc: Any, now_ms: int) -> bool:
-        """Replace the RIB's content by the document's verified routes. A document that
-        is not a receiver's RIB (no list of routes) changes nothing and returns False; a
-        route without a usable peer, prefix, hex value or origin is left out and counted
-        in `bad_routes`. Everything is checked before the RIB is touched."""
-        routes = doc.get("routes", []) if isinstance(doc, dict) else None
-        if not isinstance(routes, list):
-            self.bad_documents += 1
-            return False
-        current: dict[tuple[str, str], str] = {}
-        origins: dict[str, int] = {}
-        owner: dict[tuple[str, str], str] = {}
-        heard: dict[tuple[str, str], int] = {}
-        for route in routes:
-            checked = _rib_route(route)
-            if checked is None:
-                self.bad_routes += 1
-                continue
-            key, value, origin = checked
-            if value is None:  # refused by the receiver: not ours to use
-                continue
-            current[key] = value
-            at = route.get("received_at")
-            if type(at) in (int, float) and math.isfinite(at) and at >= 0:
-                # when the receiver took it, not when this file was read: a daemon that
-                # starts late must not see an origin that went silent long ago as fresh
-                heard[key] = min(now_ms, int(at * 1000))
-            if origin is not None:
-                origins[origin[0]] = origin[1]
-                owner[key] = origin[0]
-        # an origin is usable only while its own host route (its CSCI-ID: the way to
-        # reach it, and its metrics) stands; until it is back, its shard routes wait
-        hosts = {key[1] for key in current}
-        for address in [a for a in origins if _host_route(a) not in hosts]:
-            del origins[address]
-        current = {k: v for k, v in current.items() if k not in owner or owner[k] in origins}
-        standing = {key[1] for key in current}  # prefixes still carried by some peer
-        for key, value in self._values.items():
-            if key not in current and key[1] not in standing:
-                # withdrawn or refused wherever it was heard: what it said no longer holds
-                # (a copy that still stands via another peer keeps it)
-                try:
-                    gone = wire.decode(bytes.fromhex(value))
-                except wire.CodecError:
-                    continue
-                if str(gone.origin.address) in origins:  # else the whole origin goes below
-                    self.rib.forget_summaries(gone)
-        for key, value in current.items():
-            if self._values.get(key) != value:
-                try:
-                    adv = wire.decode(bytes.fromhex(value))
-                except wire.CodecError:
-                    continue
-                self.rib.accept(adv, heard.get(key, now_ms))
-                if adv.signature is not None:
-                    self.key_ids[str(adv.origin.address)] = adv.signature.key_id
-        for address, cs_id in self._origins.items():
-            if address not in origins:
-                self.rib.withdraw(ipaddress.ip_address(address), cs_id)
-                self.key_ids.pop(address, None)
-        self._values, self._origins, self.routes = current, origins, len(current)
-        return True
-
-
-def _host_route(address: str) -> str:
-    ip = ipaddress.ip_address(address)
-    return f"{ip}/{ip.max_prefixlen}"
-
-
-def _rib_route(
-    route: Any,
-) -> tuple[tuple[str, str], str | None, tuple[str, int] | None] | None:
-    """One route of the receiver's rib.json, checked: ((peer, prefix), value hex or None
-    when the receiver refused it, (origin address, CS-ID) or None), or None if unusable.
-    The value is the one with its sealed cache section opened when the receiver holds the
-    group key (`opened_value`), else the value as received."""
-    if not isinstance(route, dict):
-        return None
-    prefix, value = route.get("prefix"), route.get("opened_value", route.get("value"))
-    if not isinstance(prefix, str) or not isinstance(value, str):
-        return None
-    try:
-        bytes.fromhex(value)
-    except ValueError:
-        return None
-    origin = None
-    if "origin" in route:
-        address, cs_id = route["origin"], route.get("cs_id", 0)
-        try:
-            address = str(ipaddress.ip_address(address))
-        except ValueError:
-            return None
-        if type(cs_id) is not int or not 0 <= cs_id <= 0xFFFFFFFF:
-            return None
-        origin = (address, cs_id)
-    key = (str(route.get("peer", "")), prefix)
-    return key, (None if route.get("verified") is False else value), origin
-
-
-# ---- the forwarder ------------------------------------------------------------------
-
-
-@dataclass
-class InstalledRoute:
-    address: str
-    gateway: str | None  # None: the instance is at the ingress's own site
-    path: tuple[str, ...]
-    installed_at: float
-    uses: int = 1
-
-    def to_json(self) -> dict[str, Any]:
-        text = (
-            f"{self.address}/32 via {self.gateway} proto {ROUTE_PROTO}"
-            if self.gateway
-            else f"{self.address}: local site, no route needed"
-        )
-        return {
-            "address": self.address,
-            "gateway": self.gateway,
-            "path": list(self.path),
-            "route": text,
-            "uses": self.uses,
-        }
-
-
-class Forwarder:
-    """Installs one host route per steered instance towards the chosen path's first hop."""
-
-    def __init__(
-        self,
-        next_hops: dict[str, str],
-        *,
-        source: str | None = None,
-        netns: str | None = None,
-        dry_run: bool = False,
-    ) -> None:
-        self.next_hops = dict(next_hops)
-        self.source = source
-        self.netns = netns
-        self.dry_run = dry_run
-        self.installed: dict[str, InstalledRoute] = {}
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _ipr(self) -> Iterator[Any]:
-        from pyroute2 import IPRoute, NetNS
-
-        ipr = NetNS(self.netns) if self.netns else IPRoute()
-        try:
-            yield ipr
-        finally:
-            ipr.close()
-
-    def install(self, address: str, path: tuple[str, ...]) -> InstalledRoute:
-        """Route `address` along `path` (ingress first); idempotent for the same path."""
-        gateway = self.next_hops.get(path[1]) if len(path) > 1 else None
-        if len(path) > 1 and gateway is None:
-            raise SteeringError(f"no next hop towards {path[1]} from {path[0]}")
-        with self._lock:
-            old = self.installed.get(address)
-            if old is not None and old.gateway == gateway:
-                old.uses += 1
-                old.path = path
-                return old
-            if gateway is not None and not self.dry_run:
-                kwargs: dict[str, Any] = {"dst": f"{address}/32", "gateway": gateway}
-                if self.source:
-                    kwargs["prefsrc"] = self.source
-                with self._ipr() as ip:
-                    ip.route("replace", proto=ROUTE_PROTO, **kwargs)
-            route = InstalledRoute(address, gateway, path, time.time())
-            self.installed[address] = route
-            return route
-
-    def kernel_routes(self) -> list[str]:
-        """The routes of protocol ROUTE_PROTO in the table, as the kernel has them."""
-        with self._ipr() as ip:
-            out = []
-            for r in ip.get_routes(family=2, proto=ROUTE_PROTO):
-                dst = r.get_attr("RTA_DST")
-                gw = r.get_attr("RTA_GATEWAY")
-                out.append(f"{dst}/{r['dst_len']} via {gw}")
-            return out
-
-    def remove_all(self) -> None:
-        with self._lock:
-            if not self.dry_run:
-                with self._ipr() as ip:
-                    for route in self.installed.values():
-                        if route.gateway is not None:
-                            with contextlib.suppress(Exception):
-                                ip.route("del", dst=f"{route.address}/32", proto=ROUTE_PROTO)
-            self.installed.clear()
 
 
 # ---- the service --------------------------------------------------------------------
