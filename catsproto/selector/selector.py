@@ -45,14 +45,21 @@ Pure: `now_ms` and the seed come in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from catsproto.selector.decision import (
+    CarriedPull,
+    Decision,
+    Estimate,
+    NoInstanceError,
+    Request,
+    SelectorConfig,
+)
+from catsproto.selector.holders import _Holders, _new_estimate, _Priced
 from catsproto.selector.index import KeyIndex
 from catsproto.selector.network import Network, Path
-from catsproto.selector.pending import PENDING_MODES, PendingWork
+from catsproto.selector.pending import PendingWork
 from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
 from catsproto.wire import Tier
 
@@ -67,185 +74,6 @@ MAX_STAGES = 3
 # best at their bounds and this many of the deepest (one pass; the likeliest leaders and
 # KV sources of the next round)
 BATCH = 4
-
-
-@dataclass(frozen=True)
-class CarriedPull:
-    """A pull of the request's prefix from a source this selector need not hold in its
-    RIB (another site's instance, say), priced by the C-PS that planned it: the ingress's
-    winner pulled from there, and the request carries the plan to the site's C-PS. The
-    pull costs the same to every instance of one site (same link, same source tiers), so
-    it is offered to each candidate as priced: fetch_ms for the pull, prefill_ms for what
-    the source's prefix leaves to compute."""
-
-    source: IPAddress
-    fetch_ms: float
-    prefill_ms: float
-
-    def __post_init__(self) -> None:
-        for name in ("fetch_ms", "prefill_ms"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"carried pull {name} must be a finite number >= 0, not {value!r}")
-
-
-@dataclass(frozen=True)
-class Request:
-    cs_id: int
-    block_keys: np.ndarray  # uint64, prompt order
-    prompt_tokens: int
-    ingress: str
-    # a pull planned elsewhere, offered to every candidate besides its own options
-    carried_pull: CarriedPull | None = None
-    # the (model id, key scheme, secret id) the block keys were computed in: only
-    # instances advertising that key space are asked for them (a secret rotation, another
-    # model). None: every instance (a caller whose fleet shares one key space)
-    key_space: tuple[str, int, int] | None = None
-
-    def __post_init__(self) -> None:
-        keys = np.asarray(self.block_keys, dtype=np.uint64).reshape(-1)
-        object.__setattr__(self, "block_keys", keys)
-        if self.prompt_tokens < 0:
-            raise ValueError("prompt_tokens must be >= 0")
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Every term of one candidate's time-to-first-token estimate (ms unless noted)."""
-
-    address: IPAddress
-    site_id: int
-    path: tuple[str, ...]
-    rtt_ms: float
-    upload_ms: float
-    queue_ms: float
-    cached_blocks: int  # leading request blocks found in the summaries used
-    expected_cached_blocks: float  # after pricing false positives and staleness
-    fpr: float
-    stale: bool
-    kv_source: IPAddress | None  # another instance the prefix is pulled from, if any
-    fetch_ms: float
-    prefill_ms: float
-    total_ms: float
-
-    def terms(self) -> dict[str, object]:
-        return {
-            "instance": str(self.address),
-            "site": self.site_id,
-            "path": list(self.path),
-            "rtt_ms": round(self.rtt_ms, 3),
-            "upload_ms": round(self.upload_ms, 3),
-            "queue_ms": round(self.queue_ms, 3),
-            "cached_blocks": self.cached_blocks,
-            "expected_cached_blocks": round(self.expected_cached_blocks, 3),
-            "fpr": self.fpr,
-            "stale": self.stale,
-            "kv_source": str(self.kv_source) if self.kv_source else None,
-            "fetch_ms": round(self.fetch_ms, 3),
-            "prefill_ms": round(self.prefill_ms, 3),
-            "ttft_ms": round(self.total_ms, 3),
-        }
-
-
-class Decision:
-    """The chosen candidate's estimate, the runner-up's (worked out when first asked
-    for: most callers only route), and how many candidates there were. `carried` is the
-    request's carried pull at its best candidate, whether it won or not (None: the
-    request carried none, or one from a source the RIB holds, which the selector prices
-    itself)."""
-
-    __slots__ = ("_runner", "_runner_of", "candidates", "carried", "chosen")
-
-    def __init__(
-        self,
-        chosen: Estimate,
-        runner_up: Estimate | Callable[[], Estimate | None] | None,
-        candidates: int,
-        carried: Estimate | None = None,
-    ) -> None:
-        self.chosen = chosen
-        self.candidates = candidates
-        self.carried = carried
-        self._runner_of = runner_up if callable(runner_up) else None
-        self._runner = None if callable(runner_up) else runner_up
-
-    @property
-    def runner_up(self) -> Estimate | None:
-        if self._runner_of is not None:
-            self._runner, self._runner_of = self._runner_of(), None
-        return self._runner
-
-    def __repr__(self) -> str:
-        return f"Decision(chosen={self.chosen!r}, runner_up={self.runner_up!r})"
-
-    def explain(self) -> str:
-        lines = []
-        for label, est in (("chosen", self.chosen), ("runner-up", self.runner_up)):
-            if est is None:
-                continue
-            source = f", KV from {est.kv_source}" if est.kv_source else ""
-            lines.append(
-                f"{label}: {est.address} (site {est.site_id}) ttft {est.total_ms:.1f} ms = "
-                f"rtt {est.rtt_ms:.1f} + upload {est.upload_ms:.1f} + queue {est.queue_ms:.1f}"
-                f" + fetch {est.fetch_ms:.1f} + prefill {est.prefill_ms:.1f}; "
-                f"cached {est.cached_blocks} blocks (expected {est.expected_cached_blocks:.2f}, "
-                f"fpr {est.fpr:.3g}{', stale' if est.stale else ''}{source}); "
-                f"path {' > '.join(est.path)}"
-            )
-        return "\n".join(lines)
-
-
-@dataclass
-class SelectorConfig:
-    site_nodes: Mapping[int, str] = field(default_factory=dict)  # site id → graph node
-    request_bytes_per_token: float = 4.0
-    stale_confidence: float = 0.5
-    allow_remote_kv: bool = True
-    default_block_size: int = 512
-    spread_ms: float = 0.0  # near-equal margin for the power-of-two choice; 0: exact argmin
-    # Selectors steering onto the same instances (one per ingress, say). Each assumes the
-    # others sent as much work as it did since an instance's last advertisement.
-    peer_selectors: int = 1
-    seed: int = 0  # distinct per selector, so selectors spread differently
-    # Rank candidates by ttft + work_weight x prefill ms (the instance time the choice
-    # uses up) instead of by ttft alone; the estimates keep the real terms. 0: ttft only.
-    work_weight: float = 0.0
-    # How the work this selector sent since an instance's advertisement enters its queue
-    # term (catsproto.selector.pending): "count" in full until an advertisement counts
-    # it (times peer_selectors), "drain" replayed as an FCFS queue at the advertised rate.
-    pending: str = "count"
-
-    def __post_init__(self) -> None:
-        if not (self.work_weight >= 0 and math.isfinite(self.work_weight)):
-            raise ValueError(f"work_weight must be a finite number >= 0, not {self.work_weight}")
-        if self.pending not in PENDING_MODES:
-            raise ValueError(
-                f"pending must be one of {', '.join(PENDING_MODES)}, not {self.pending!r}"
-            )
-        if self.pending == "drain" and self.peer_selectors != 1:
-            raise ValueError("peer_selectors applies to counted pending work (pending='count')")
-
-    def node_of(self, site_id: int) -> str:
-        return self.site_nodes.get(site_id, f"site{site_id}")
-
-
-class NoInstanceError(LookupError):
-    """No live, reachable instance serves the requested CS-ID."""
-
-
-def _tier_fetch_ms(inst: Instance, tiers: np.ndarray) -> float:
-    if len(inst.tiers) == 1 and Tier.HBM in inst.tiers:
-        return 0.0
-    total = 0.0
-    for code in np.unique(tiers).tolist():
-        if code in (0, Tier.HBM):
-            continue
-        t = inst.tiers[Tier(code)]
-        blocks = int(np.count_nonzero(tiers == code))
-        total += t.fetch_latency_us / 1000 + _transfer_ms(
-            blocks * t.bytes_per_block, t.fetch_bandwidth_mbps
-        )
-    return total
 
 
 def _leaders(total: np.ndarray) -> list[int]:
@@ -268,10 +96,6 @@ def _mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return x ^ (x >> 31)
-
-
-def _transfer_ms(nbytes: float, mbps: float) -> float:
-    return 0.0 if mbps == INF or nbytes == 0 else nbytes * 8 / (mbps * 1000)
 
 
 class PathSelector:
@@ -858,9 +682,7 @@ class PathSelector:
         else:
             codes = [c for c in np.unique(src.prefix_tiers(keys[:nblocks])).tolist() if c]
             tier_bw = min((src.tiers[Tier(c)].fetch_bandwidth_mbps for c in codes), default=INF)
-            latency = max(
-                (src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0
-            )
+            latency = max((src.tiers[Tier(c)].fetch_latency_us / 1000 for c in codes), default=0.0)
         known = self._has_vectors(node, table)
         widest = min(self._max_bandwidth(node, table), tier_bw)
         fastest = latency + nblocks * bpb * 8 / (widest * 1000)
@@ -912,182 +734,3 @@ class PathSelector:
             prefill_ms=prefill,
             total_ms=float(priced.total[i]),
         )
-
-
-def _new_estimate(**terms: object) -> Estimate:
-    """An Estimate built without the frozen dataclass's generated __init__ (one
-    object.__setattr__ per field: 2 µs of a decision that takes 30)."""
-    est = object.__new__(Estimate)
-    est.__dict__.update(terms)
-    return est
-
-
-class _Holders:
-    """The instances holding a leading run of one prompt, and what each run is worth:
-    everything of the holders' pricing that only their summaries decide (so it holds
-    for one table generation). `src` is the position of the best KV source (most
-    expected blocks, then lowest slot), -1 when nobody holds anything."""
-
-    __slots__ = (
-        "_at",
-        "deep",
-        "ends",
-        "expected",
-        "generation",
-        "held",
-        "hs",
-        "idx",
-        "ks",
-        "loose",
-        "loose_left",
-        "pull",
-        "recalled",
-        "src",
-        "src_cached_tokens",
-        "src_slot",
-        "uncached",
-    )
-
-    def __init__(self, generation: int) -> None:
-        self.generation = generation
-        self.src = -1
-        self.pull: tuple | None = None  # the source's pull terms, see _pull_terms
-        self._at: dict[int, int] | None = None
-        self.loose_left = False  # some run in `ks` is only an upper bound (`loose`)
-        self.recalled = False  # handed out again from the plans remembered
-        # positions of keys that exact runs missed short of their bounds (ascending),
-        # each asked of every holder still loose when it was found (`_verified`)
-        self.ends: list[int] = []
-
-    @classmethod
-    def price(
-        cls,
-        table: ServiceTable,
-        cfg: SelectorConfig,
-        hs: np.ndarray,
-        ks: np.ndarray,
-        tokens: int,
-        slots: np.ndarray,
-        pick: slice | np.ndarray,
-        loose: np.ndarray,
-        held: np.ndarray,
-    ) -> _Holders:
-        """`ks` are the runs (upper bounds where `loose`), `held` how many leading keys
-        each holder is known to hold (its run where exact)."""
-        plan = cls(table.generation)
-        if not len(hs):
-            return plan
-        plan.hs, plan.ks, plan.loose, plan.held = hs, ks, loose, held
-        plan.loose_left = bool(loose.any())
-        plan.idx = hs if isinstance(pick, slice) else np.searchsorted(slots, hs)
-        exp_blocks = np.maximum(0.0, ks - table.fp_discount[hs])
-        stale = table.stale[hs]
-        if stale.any():
-            exp_blocks[stale] *= cfg.stale_confidence
-        block = table.block_size[hs]
-        if not block.all():
-            block = np.where(block > 0, block, cfg.default_block_size)
-        cached_tokens = np.minimum(tokens, exp_blocks * block)
-        plan.expected, plan.uncached = exp_blocks, tokens - cached_tokens
-        # holders with tiers beyond HBM: their fetch cost is worked out per decision
-        plan.deep = np.flatnonzero(~table.hbm_only[hs]).tolist()
-        most = exp_blocks == exp_blocks.max()
-        j = int(np.flatnonzero(most)[np.argmin(hs[most])])
-        plan.src, plan.src_slot, plan.src_cached_tokens = j, int(hs[j]), float(cached_tokens[j])
-        return plan
-
-    def at(self, i: int) -> int | None:
-        """The holder position of candidate `i`, if it is a holder."""
-        if self._at is None:
-            self._at = {c: j for j, c in enumerate(self.idx.tolist())}
-        return self._at.get(i)
-
-
-class _Priced:
-    """One decision's estimate vectors (indexed by candidate), the holders' terms and
-    the remote-KV option where it won: enough to write out any candidate's terms."""
-
-    __slots__ = (
-        "fetch_h",
-        "plan",
-        "prefill_full",
-        "prefill_h",
-        "queue",
-        "remote",
-        "rtt",
-        "total",
-        "upload",
-    )
-
-    def __init__(
-        self,
-        rtt: np.ndarray,
-        upload: np.ndarray,
-        queue: np.ndarray,
-        total: np.ndarray,
-        prefill_full: np.ndarray,
-    ) -> None:
-        self.rtt, self.upload, self.queue, self.total = rtt, upload, queue, total
-        self.prefill_full = prefill_full
-        self.plan: _Holders | None = None
-        self.fetch_h: np.ndarray | None = None  # None: every holder fetches from HBM (0)
-        self.prefill_h: np.ndarray | None = None
-        # (candidates better off pulling, pull ms, prefill ms, source slot)
-        self.remote: tuple[np.ndarray, np.ndarray, np.ndarray, int] | None = None
-
-    def price_holders(
-        self,
-        plan: _Holders,
-        table: ServiceTable,
-        keys: np.ndarray,
-        base: np.ndarray,
-        ms_per_token: np.ndarray,
-    ) -> None:
-        """Write the holders' estimates into `total`: base + KV fetch + the prefill of
-        what their run leaves uncached."""
-        self.plan = plan
-        idx = plan.idx
-        self.prefill_h = prefill_h = plan.uncached * ms_per_token[idx]
-        held = base[idx]
-        if plan.deep:
-            self.fetch_h = fetch_h = np.zeros(len(idx))
-            for j in plan.deep:
-                inst = table.instances[int(plan.hs[j])]
-                assert inst is not None
-                fetch_h[j] = _tier_fetch_ms(inst, inst.prefix_tiers(keys[: plan.ks[j]]))
-            held += fetch_h
-        held += prefill_h
-        self.total[idx] = held
-
-    def ranking(self, weight: float) -> np.ndarray:
-        """What the candidates are ranked by: `total` itself (the same array) when
-        `weight` is 0, else total + weight x each candidate's prefill ms. A holder priced
-        at the bound of its run has its least prefill there, so its rank is a lower
-        bound too."""
-        if not weight:
-            return self.total
-        prefill = self.prefill_full.copy()
-        if self.plan is not None and self.prefill_h is not None:
-            prefill[self.plan.idx] = self.prefill_h
-        if self.remote is not None:
-            took = self.remote[0]
-            prefill[took] = self.remote[2][took]
-        prefill *= weight
-        prefill += self.total
-        return prefill
-
-    def terms(self, i: int) -> tuple[int, float, float, float]:
-        """Candidate `i`'s cached blocks, expected cached blocks, fetch ms, prefill ms."""
-        plan = self.plan
-        j = plan.at(i) if plan is not None else None
-        if j is None:
-            cached, expected, fetch, prefill = 0, 0.0, 0.0, float(self.prefill_full[i])
-        else:
-            assert plan is not None and self.prefill_h is not None
-            cached, expected = int(plan.ks[j]), float(plan.expected[j])
-            fetch = float(self.fetch_h[j]) if self.fetch_h is not None else 0.0
-            prefill = float(self.prefill_h[j])
-        remote = self.remote
-        if remote is not None and remote[0][i]:
-            fetch, prefill = float(remote[1][i]), float(remote[2][i])
-        return cached, expected, fetch, prefill
