@@ -3,6 +3,7 @@ and the environment every test runs in: where the Mooncake trace is, and no down
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,10 +82,77 @@ def vllm_engine(tmp_path_factory):
         engine.close()
 
 
+# ---- the three kinds of test, as markers ---------------------------------------------
+#
+# lab:  needs root or real daemons, namespaces, captures or a real engine; these modules
+#       (and every test using `vllm_engine`). They run one at a time (`scripts/test`).
+# slow: a test that took SLOW_S or more when durations were last recorded
+#       (tests/durations.json): subprocess CLIs, whole-trace simulations, long properties.
+# core: everything else, the pure core in process: `pytest -m core -n 2`, under a minute.
+#
+# Record the durations again after adding slow tests (the recording merges; xdist works):
+#     .venv/bin/python -m pytest -m "not lab" -n 2 --record-durations tests/durations.json
+LAB_MODULES = frozenset(
+    {
+        "test_demo",
+        "test_demo_capture",
+        "test_dissector",
+        "test_dissector_expert",
+        "test_engine_events",
+        "test_engine_lab",
+        "test_faults",
+        "test_ingress",
+        "test_ingress_cli",
+        "test_inspect",
+        "test_instance_node",
+        "test_interop",
+        "test_lab",
+        "test_lab_cli",
+        "test_lab_rr",
+        "test_lab_sealed",
+        "test_lab_topology",
+        "test_lab_transfer_stale",
+        "test_lab_transfer_steering",
+        "test_rx_type_code",
+        "test_steering_lab",
+        "test_stop_signal",
+        "test_tokenizer",
+        "test_transfer_lab",
+        "test_vllm_events",
+    }
+)
+SLOW_S = 0.5
+KEEP_S = 0.2  # durations.json keeps the tests at least this slow (the others are core)
+DURATIONS = Path(__file__).parent / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="FILE",
+        help="write each test's time (setup + call + teardown) into FILE (JSON), merged "
+        "with what FILE holds; the `slow` marker reads tests/durations.json",
+    )
+
+
+def _is_lab(item) -> bool:
+    module = item.module.__name__.rpartition(".")[2]
+    return module in LAB_MODULES or "vllm_engine" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests that run real engines go last: the session's engine (`vllm_engine`),
-    then the lab's engines (test_engine_lab.py). A running engine takes CPU even idle,
-    so everything else runs before the first one starts."""
+    """Mark each test lab, slow or core (above). Then the tests that run real engines go
+    last: the session's engine (`vllm_engine`), then the lab's engines
+    (test_engine_lab.py). A running engine takes CPU even idle, so everything else runs
+    before the first one starts."""
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    for item in items:
+        if _is_lab(item):
+            item.add_marker(pytest.mark.lab)
+        elif recorded.get(item.nodeid, 0.0) >= SLOW_S:
+            item.add_marker(pytest.mark.slow)
+        else:
+            item.add_marker(pytest.mark.core)
 
     def rank(item) -> int:
         if item.module.__name__.endswith("test_engine_lab"):
@@ -92,3 +160,22 @@ def pytest_collection_modifyitems(config, items):
         return 1 if "vllm_engine" in getattr(item, "fixturenames", ()) else 0
 
     items.sort(key=rank)  # stable: each group keeps its order
+
+
+_TIMES: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call", "teardown"):
+        _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = session.config.getoption("--record-durations", None)
+    if not out or hasattr(session.config, "workerinput"):  # the xdist controller writes
+        return
+    path = Path(out)
+    times = json.loads(path.read_text()) if path.exists() else {}
+    times.update({k: round(v, 3) for k, v in _TIMES.items()})
+    kept = {k: v for k, v in sorted(times.items()) if v >= KEEP_S}  # the rest are core
+    path.write_text(json.dumps(kept, indent=0) + "\n")
