@@ -1,5 +1,5 @@
 """tests/vectors/security.json, checked against the code and, independently, against the
-byte layouts docs/security.md states (built here by hand, checked with `cryptography`)."""
+byte layouts docs/security-reference.md states (built here by hand, checked with `cryptography`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ADVS = VECTORS["advertisements"]
 
 def test_vector_file_is_what_the_code_generates():
     assert security_vectors() == VECTORS, (
-        "regenerate tests/vectors/security.json (docs/security.md)"
+        "regenerate tests/vectors/security.json (docs/security-reference.md)"
     )
 
 

@@ -14,7 +14,7 @@ bytes on the wire. This package adds, each in a module of its own:
   accepted verdicts and counts every reason.
 
 No clock, randomness or file access here: `now_ms`, seeds and nonces are arguments.
-docs/security.md has the formats and the threat model.
+docs/security-reference.md has the formats, docs/security.md the threat model.
 """
 
 from catsproto.security.errors import (

@@ -30,7 +30,7 @@ every delegation it signs must lie within it, so with several operators one cann
 for another's instances (nor, when its scope lists sites, claim another's site: its
 delegations must then list sites, all of them its own). An operator without a scope may
 delegate anything (one-operator setups). The trust file is JSON (format
-"catsproto-trust/1"; see docs/security.md).
+"catsproto-trust/1"; see docs/security-reference.md).
 """
 
 from __future__ import annotations

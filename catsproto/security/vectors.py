@@ -5,7 +5,7 @@ clock is `T0_MS`. The `receive` list is a scripted session against one receiver 
 trusts the operator and holds group key 7), each step with the reason it must end in
 stated by hand; `security_vectors()` refuses to
 produce a file in which the code disagrees. Pure: the caller writes the file
-(``catsproto vectors`` or the one-liner in docs/security.md).
+(``catsproto vectors`` or the one-liner in docs/security-reference.md).
 """
 
 from __future__ import annotations
