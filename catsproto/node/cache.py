@@ -22,6 +22,7 @@ Pure: no clocks, no IO.
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -153,10 +154,12 @@ class TieredCache:
             raise ValueError(f"tiers must be distinct and fastest first, got {order}")
         self.specs: dict[Tier, TierSpec] = {s.tier: s for s in tiers}
         self.order: tuple[Tier, ...] = tuple(order)
-        self._lru: dict[Tier, dict[int, None]] = {t: {} for t in order}
+        # OrderedDict, not dict: taking the oldest key of a plain dict scans past every
+        # key deleted from its front since the last resize (about 1.4 µs a victim here)
+        self._lru: dict[Tier, OrderedDict[int, None]] = {t: OrderedDict() for t in order}
         self._changes: dict[Tier, _Changes] = {t: _Changes() for t in order}
         # for the per-block loops: (tier, its LRU dict) fastest first, and each tier's next
-        self._tiers: tuple[tuple[Tier, dict[int, None]], ...] = tuple(
+        self._tiers: tuple[tuple[Tier, OrderedDict[int, None]], ...] = tuple(
             (t, self._lru[t]) for t in order
         )
         self._below: dict[Tier, Tier | None] = {
@@ -249,43 +252,62 @@ class TieredCache:
         hits = self.hits
         for k in keys[: hit.depth]:
             hits[k] = hits.get(k, 0) + 1
-        events = _Runs()
-        # the primitives (`tier_of`, `_touch`, `_insert`) inlined for the top tier: this
-        # loop runs for every block of every prompt
-        top_lru, top_changes, lower = self._lru[top], self._changes[top], self._tiers[1:]
+        # Runs of events as they happen: (kind, tier, to_tier, keys); consecutive events
+        # of one kind and the same tiers share a run. The primitives (`tier_of`, `_touch`,
+        # `_insert`, `_Changes.add/remove`) are inlined for the top tier: this loop runs
+        # for every block of every prompt, and a call costs more than the dict operation.
+        runs: list[tuple[BlockEventKind, Tier, Tier | None, list[int]]] = []
+        top_lru = self._lru[top]
+        top_added, top_removed = self._changes[top].added, self._changes[top].removed
+        lower = self._tiers[1:]
         below = self._below[top]
         demotes = below is not None and self.specs[below].capacity_blocks > 0
         depth = self.depth
         parent_depth = 0
+        last: tuple[BlockEventKind, Tier, Tier | None, list[int]] | None = None
         for k in keys:
             parent_depth = depth.setdefault(k, parent_depth + 1)
             if k in top_lru:
-                del top_lru[k]
-                top_lru[k] = None
+                top_lru.move_to_end(k)
                 continue
             for where, lru in lower:
                 if k in lru:  # leave the lower tier first: room below may be needed
                     self._discard(where, k)
-                    events.add(BlockEventKind.MOVED, where, k, top)
+                    if last is not None and last[0] is _MOVED and last[1] == where:
+                        last[3].append(k)
+                    else:
+                        runs.append(last := (_MOVED, where, top, [k]))
                     break
             else:
-                events.add(BlockEventKind.STORED, top, k, None)
+                if last is not None and last[0] is _STORED:
+                    last[3].append(k)
+                else:
+                    runs.append(last := (_STORED, top, None, [k]))
             if len(top_lru) >= capacity:
                 if demotes:
+                    events = _Runs(runs)
                     self._make_room(top, events)
+                    last = runs[-1]
                 else:  # `_make_room` of a tier with nothing below: drop its LRU blocks
                     while len(top_lru) >= capacity:
-                        victim = next(iter(top_lru))
-                        del top_lru[victim]
-                        top_changes.remove(victim)
-                        events.add(BlockEventKind.REMOVED, top, victim, None)
+                        victim = top_lru.popitem(last=False)[0]
+                        if victim in top_added:
+                            top_added.discard(victim)
+                        else:
+                            top_removed.add(victim)
+                        if last[0] is _REMOVED:
+                            last[3].append(victim)
+                        else:
+                            runs.append(last := (_REMOVED, top, None, [victim]))
             top_lru[k] = None
-            top_changes.add(k)
+            if k in top_removed:
+                top_removed.discard(k)
+            else:
+                top_added.add(k)
         for k in reversed(keys):
             if k in top_lru:
-                del top_lru[k]
-                top_lru[k] = None
-        return hit, events.events()
+                top_lru.move_to_end(k)
+        return hit, [BlockEvent(kind, tier, tuple(ks), to) for kind, tier, to, ks in runs]
 
     def _make_room(self, tier: Tier, events: _Runs) -> None:
         """Demote (or drop, from the last tier) LRU blocks until `tier` has a free slot."""
@@ -375,9 +397,14 @@ class TieredCache:
         self._changes[tier].remove(key)
 
     def _touch(self, tier: Tier, key: int) -> None:
-        lru = self._lru[tier]
-        del lru[key]
-        lru[key] = None
+        self._lru[tier].move_to_end(key)
+
+
+_STORED, _REMOVED, _MOVED = (
+    BlockEventKind.STORED,
+    BlockEventKind.REMOVED,
+    BlockEventKind.MOVED,
+)
 
 
 class _Runs:
@@ -387,8 +414,10 @@ class _Runs:
 
     __slots__ = ("_runs",)
 
-    def __init__(self) -> None:
-        self._runs: list[tuple[BlockEventKind, Tier, Tier | None, list[int]]] = []
+    def __init__(
+        self, runs: list[tuple[BlockEventKind, Tier, Tier | None, list[int]]] | None = None
+    ) -> None:
+        self._runs = [] if runs is None else runs
 
     def add(self, kind: BlockEventKind, tier: Tier, key: int, to_tier: Tier | None) -> None:
         runs = self._runs
