@@ -49,6 +49,8 @@ def test_eval_report(tmp_path, capsys):
             "40",
             "--set",
             "target_fpr=0.02",
+            "--jobs",
+            "1",
         ]
     )
     assert status == 0
@@ -169,6 +171,27 @@ def test_seed_study_equals_single_seed_runs(seed_study, single_seed_rows):
     assert oracle["reference"] is None and oracle["diff_mean_ms"] is None
 
 
+def test_eval_in_two_workers_equals_one_process(tmp_path, capsys):
+    """The main table and the sweeps, run in two worker processes (catsproto's runs
+    first), give the rows, sweep points and report of the same command in one process."""
+    args = [
+        "eval", "--trace", TRACE, "--limit", "90", "--speedup", "1", "3",
+        "--policies", "nearest", "catsproto", "oracle", "--sweep-limit", "30", "--json",
+    ]  # fmt: skip
+    docs = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        assert cli.main([*args, "--report", str(out), "--jobs", jobs]) == 0
+        captured = capsys.readouterr()
+        docs[jobs] = (json.loads(captured.out), json.loads((out / "results.json").read_text()))
+        if jobs == "2":
+            assert "runs done 14/14" in captured.err  # 6 runs + 8 sweep points
+    (rows1, report1), (rows2, report2) = docs["1"], docs["2"]
+    assert rows1 == rows2 and [r["policy"] for r in rows2][:3] == ["nearest", "catsproto", "oracle"]
+    assert report1["results"] == report2["results"] and report1["sweeps"] == report2["sweeps"]
+    assert report1["meta"]["jobs"] == 1 and report2["meta"]["jobs"] == 2
+
+
 def test_seed_study_two_jobs_equal_one(seed_study, capsys):
     assert cli.main(["eval", *SEED_ARGS, "--seeds", "1-2", "--json", "--jobs", "2"]) == 0
     captured = capsys.readouterr()
@@ -213,8 +236,8 @@ def test_seed_study_table_and_report(tmp_path, capsys):
         (["--seeds", "1,1"], "seed 1 is given twice"),
         (["--seeds", "1-5,3"], "seed 3 is given twice"),
         (["--seeds", "1-2", "--set", "seed=3"], "leave out --set seed"),
-        (["--seeds", "1-2", "--jobs", "0"], "--jobs must be at least 1"),
-        (["--jobs", "2"], "--jobs needs --seeds"),
+        (["--seeds", "1-2", "--jobs", "0"], "--jobs 0: must be at least 1"),
+        (["--jobs", "-1"], "--jobs -1: must be at least 1"),
         (["--seeds", "1", "--policies", "oracle", "oracle"], "--policies: oracle is given twice"),
         (["--seeds", "1", "--speedup", "4", "4.0"], "--speedup: 4 is given twice"),
     ],

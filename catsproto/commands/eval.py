@@ -13,13 +13,14 @@ sweep_update_interval_ms.png, sweep_target_fpr.png). Files of those names alread
 DIR that this run does not write again (a plot of another speedup, the sweeps of an
 earlier run) are removed once the new report is written; nothing else in DIR is
 touched. Rates (adv B/s) are over the trace's span after the speedup and read n/a when
-that is under 10 s. The main table of docs/evaluation.md and docs/eval:
+that is under 10 s. The runs go to --jobs worker processes (default: one per usable
+core; catsproto's long runs first), with the same rows and report as in one process.
+The main table of docs/evaluation.md and docs/eval:
 
     catsproto eval --report docs/eval --sweep-limit 2000
 
 With --seeds it is the seed study instead: every policy at every speedup once per
-scenario seed (no sweeps); --jobs N runs those in N worker processes, with the same
-rows in the same order as with one. It prints one row per (policy, speedup): seeds, the
+scenario seed (no sweeps), in --jobs worker processes as well. It prints one row per (policy, speedup): seeds, the
 mean of the per-seed mean TTFT with its standard deviation, min and max, the mean hit
 rate and (for each other policy, when the oracle ran) the mean per-seed paired
 difference to the oracle, its standard error and the seeds at or below it. With
@@ -42,13 +43,14 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import os
 import queue
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,7 @@ from catsproto.keys import BlockKeyer
 from catsproto.sim import (
     POLICIES,
     PreparedTrace,
+    RunResult,
     Scenario,
     ScenarioError,
     TraceRequest,
@@ -195,9 +198,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="with --seeds: worker processes (default 1; the results do not depend on it)",
+        help="worker processes for the runs (default: the cores this process may use, "
+        f"here {usable_cores()}; 1: every run in this process); the rows and the report "
+        "do not depend on it",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -257,10 +262,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--set {item}: the speedup is set by --speedup (one run per value), not by --set"
             )
-    if args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
-    if args.jobs > 1 and seeds is None:
-        raise UsageError("--jobs needs --seeds (it runs the seed study in parallel)")
+    if args.jobs is None:
+        args.jobs = usable_cores()
+    elif args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: must be at least 1")
     try:
         base = _scenario(args.scenario, args.overrides)
         if args.trace is None:
@@ -292,6 +297,14 @@ def run(args: argparse.Namespace) -> int:
         raise
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _run(
     args: argparse.Namespace,
     seeds: list[int] | None,
@@ -302,49 +315,25 @@ def _run(
     """The runs, the table and the report of `run`, after its checks."""
     if seeds is not None:
         return _run_seeds(args, seeds, requests, base, started)
-    keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
-    memo: dict[int, int] = {}
-    results = []
-    for speedup in args.speedup:
-        sc = _scenario(args.scenario, args.overrides, speedup)
-        trace = PreparedTrace.build(
-            requests, keyer, len(sc.sites), sc.speedup, sc.ingress_index, memo, sc.arrival_spread
-        )
-        for name in args.policies:
-            bar = _Bar(f"{name} x{speedup:g}", len(trace), not args.quiet)
-            results.append(run_policy(name, trace, sc, seed=args.seed, progress=bar))
-    rows = summary_rows(results, base.block_tokens)
-    sweeps: dict[str, list[dict[str, object]]] = {}
+    jobs = [Run(0, name, speedup, args.seed) for speedup in args.speedup for name in args.policies]
+    sweep_jobs: list[tuple[str, object, Run]] = []
     if args.report and args.sweep_limit > 0 and "catsproto" in args.policies:
-        sub = requests[: args.sweep_limit]
         for key, values in (("update_interval_ms", SWEEP_INTERVALS), ("target_fpr", SWEEP_FPRS)):
-            sweeps[key] = []
             for v in values:
                 extra = [f"{key}={v}"]
                 if key == "update_interval_ms" and v > base.refresh_interval_ms:
                     extra.append(f"refresh_interval_ms={v}")
-                sc = _scenario(args.scenario, [*args.overrides, *extra], 1.0)
-                trace = PreparedTrace.build(
-                    sub, keyer, len(sc.sites), 1.0, sc.ingress_index, memo, sc.arrival_spread
-                )
-                bar = _Bar(f"sweep {key}={v}", len(trace), not args.quiet)
-                (row,) = summary_rows(
-                    [run_policy("catsproto", trace, sc, progress=bar)], base.block_tokens
-                )
-                sweeps[key].append(
-                    {
-                        key: v,
-                        **{
-                            k: row[k]
-                            for k in (
-                                "hit_rate",
-                                "ttft_mean_ms",
-                                "adv_bytes_per_s",
-                                "adv_share_of_raw",
-                            )
-                        },
-                    }
-                )
+                job = Run(0, "catsproto", 1.0, 0, extra=tuple(extra), limit=args.sweep_limit)
+                sweep_jobs.append((key, v, job))
+    everything = [*jobs, *(job for _, _, job in sweep_jobs)]
+    everything = [replace(job, index=i) for i, job in enumerate(everything)]
+    results = _run_jobs(everything, args, requests)
+    rows = summary_rows(results[: len(jobs)], base.block_tokens)
+    sweeps: dict[str, list[dict[str, object]]] = {}
+    for (key, v, _), result in zip(sweep_jobs, results[len(jobs) :], strict=True):
+        (row,) = summary_rows([result], base.block_tokens)
+        picked = ("hit_rate", "ttft_mean_ms", "adv_bytes_per_s", "adv_share_of_raw")
+        sweeps.setdefault(key, []).append({key: v, **{k: row[k] for k in picked}})
     if args.json:
         import json
 
@@ -360,10 +349,13 @@ def _run(
             "requests": len(requests),
             "command": "catsproto eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "wall_s": wall,
+            "jobs": min(args.jobs, len(everything)),
             "sweep_requests": min(args.sweep_limit, len(requests)),
         }
         try:
-            files = write_report(Path(args.report), rows, results, base.to_json(), sweeps, meta)
+            files = write_report(
+                Path(args.report), rows, results[: len(jobs)], base.to_json(), sweeps, meta
+            )
         except OSError as exc:
             raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
         print(f"report: {', '.join(str(f) for f in files)}", file=sys.stderr)
@@ -372,49 +364,54 @@ def _run(
 
 
 @dataclass(frozen=True)
-class SeedRun:
-    """One run of the seed study: its place in the output, policy, speedup, seed."""
+class Run:
+    """One run: its place in the output, policy, speedup, the random policy's seed, and
+    what it changes of the scenario and trace: a scenario seed (the seed study), extra
+    `--set` overrides and a request limit (a sweep point)."""
 
     index: int
     policy: str
     speedup: float
-    seed: int
+    random_seed: int
+    scenario_seed: int | None = None
+    extra: tuple[str, ...] = ()
+    limit: int | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.policy} x{self.speedup:g} seed {self.seed}"
+        text = f"{self.policy} x{self.speedup:g}"
+        if self.scenario_seed is not None:
+            text += f" seed {self.scenario_seed}"
+        return text + "".join(f" {e}" for e in self.extra)
 
 
-class SeedRunner:
-    """Runs `SeedRun`s exactly as `catsproto eval --set seed=N` would (same scenario,
+class Runner:
+    """Runs `Run`s exactly as `catsproto eval` with their options would (same scenario,
     keys and prepared trace), in this process or in a worker; keeps the prepared traces
     and block keys it has built for the runs that follow."""
 
     def __init__(
-        self,
-        scenario: str,
-        overrides: Sequence[str],
-        requests: Sequence[TraceRequest],
-        random_seed: int,
+        self, scenario: str, overrides: Sequence[str], requests: Sequence[TraceRequest]
     ) -> None:
-        self.scenario, self.overrides = scenario, list(overrides)
-        self.requests, self.random_seed = requests, random_seed
+        self.scenario, self.overrides, self.requests = scenario, list(overrides), requests
         self._memos: dict[tuple[bytes, str, int], dict[int, int]] = {}
         self._traces: dict[tuple[object, ...], PreparedTrace] = {}
 
-    def run(self, job: SeedRun, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """The `summary_rows` row of one run, with its `seed` in front."""
-        overrides = [*self.overrides, f"seed={job.seed}"]
+    def result(self, job: Run, progress: Callable[[int], None] | None = None) -> RunResult:
+        overrides = [*self.overrides, *job.extra]
+        if job.scenario_seed is not None:
+            overrides.append(f"seed={job.scenario_seed}")
         base = _scenario(self.scenario, overrides)
         sc = _scenario(self.scenario, overrides, job.speedup)
         keyed = (base.secret, base.model_id, base.block_tokens)
         memo = self._memos.setdefault(keyed, {})
-        where = (keyed, len(sc.sites), sc.speedup, sc.ingress_index, sc.arrival_spread)
+        requests = self.requests[: job.limit] if job.limit is not None else self.requests
+        where = (keyed, len(sc.sites), sc.speedup, sc.ingress_index, sc.arrival_spread, job.limit)
         trace = self._traces.get(where)
         if trace is None:
             keyer = BlockKeyer(base.secret, base.model_id, base.block_tokens)
             trace = self._traces[where] = PreparedTrace.build(
-                self.requests,
+                requests,
                 keyer,
                 len(sc.sites),
                 sc.speedup,
@@ -422,9 +419,31 @@ class SeedRunner:
                 memo,
                 sc.arrival_spread,
             )
-        result = run_policy(job.policy, trace, sc, seed=self.random_seed, progress=progress)
+        return run_policy(job.policy, trace, sc, seed=job.random_seed, progress=progress)
+
+    def row(self, job: Run, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """The `summary_rows` row of one seed-study run, with its `seed` in front."""
+        result = self.result(job, progress)
+        base = _scenario(self.scenario, [*self.overrides, *job.extra])
         (row,) = summary_rows([result], base.block_tokens)
-        return {"seed": job.seed, **row}
+        return {"seed": job.scenario_seed, **row}
+
+
+def _run_jobs(
+    jobs: Sequence[Run], args: argparse.Namespace, requests: Sequence[TraceRequest]
+) -> list[RunResult]:
+    """Every run's result in job order: in this process with --jobs 1 (a bar per run),
+    else in worker processes (one progress line)."""
+    n_workers = min(args.jobs, len(jobs))
+    if n_workers > 1:
+        return _run_parallel(jobs, n_workers, args, requests, rows=False)
+    runner = Runner(args.scenario, args.overrides, requests)
+    results = []
+    for job in jobs:
+        total = len(requests) if job.limit is None else min(job.limit, len(requests))
+        bar = _Bar(job.label if not job.extra else f"sweep {job.extra[0]}", total, not args.quiet)
+        results.append(runner.result(job, bar))
+    return results
 
 
 class _SeedProgress:
@@ -489,49 +508,53 @@ def _percent_reporter(total: int, report: Callable[[int], None]) -> Callable[[in
     return progress
 
 
-_WORKER: SeedRunner | None = None  # a worker process's runner, set by _worker_init
+_WORKER: Runner | None = None  # a worker process's runner, set by _worker_init
 _EVENTS: Any = None  # the queue a worker reports progress on
 
 
 def _worker_init(
-    scenario: str,
-    overrides: list[str],
-    requests: Sequence[TraceRequest],
-    random_seed: int,
-    events: Any,
+    scenario: str, overrides: list[str], requests: Sequence[TraceRequest], events: Any
 ) -> None:
     global _WORKER, _EVENTS
-    _WORKER = SeedRunner(scenario, overrides, requests, random_seed)
+    _WORKER = Runner(scenario, overrides, requests)
     _EVENTS = events
 
 
-def _worker_run(job: SeedRun) -> dict[str, Any]:
+def _worker_run(job: Run, rows: bool) -> RunResult | dict[str, Any]:
     assert _WORKER is not None, "worker not initialised"
     _EVENTS.put(("start", job.index))
-    return _WORKER.run(
-        job,
-        _percent_reporter(
-            len(_WORKER.requests), lambda pct: _EVENTS.put(("percent", job.index, pct))
-        ),
-    )
+    total = len(_WORKER.requests) if job.limit is None else min(job.limit, len(_WORKER.requests))
+    progress = _percent_reporter(total, lambda pct: _EVENTS.put(("percent", job.index, pct)))
+    return _WORKER.row(job, progress) if rows else _WORKER.result(job, progress)
+
+
+def _cost_order(job: Run) -> tuple[int, int]:
+    """Longest first, so that no long run starts last: catsproto's whole-trace runs
+    (ten times any other policy's), then its sweep points, then the rest."""
+    if job.policy == "catsproto":
+        return (0 if job.limit is None else 1, job.index)
+    return (2, job.index)
 
 
 def _run_parallel(
-    jobs: Sequence[SeedRun],
+    jobs: Sequence[Run],
     n_workers: int,
     args: argparse.Namespace,
     requests: Sequence[TraceRequest],
-) -> list[dict[str, Any]]:
-    """Every job in `n_workers` processes; rows in job order whatever the finishing order."""
+    rows: bool,
+) -> list[Any]:
+    """Every job in `n_workers` processes (its row if `rows`, else its `RunResult`), in
+    job order whatever the finishing order."""
     ctx = multiprocessing.get_context()
     events = ctx.Queue()
     display = _SeedProgress(len(jobs), not args.quiet)
-    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    out: list[Any] = [None] * len(jobs)
+    finished = [False] * len(jobs)
     pool = ProcessPoolExecutor(
         n_workers,
         mp_context=ctx,
         initializer=_worker_init,
-        initargs=(args.scenario, list(args.overrides), requests, args.seed, events),
+        initargs=(args.scenario, list(args.overrides), requests, events),
     )
 
     def drain() -> None:
@@ -540,7 +563,7 @@ def _run_parallel(
                 event = events.get_nowait()
             except queue.Empty:
                 return
-            if rows[event[1]] is not None:
+            if finished[event[1]]:
                 continue  # its result came in first
             if event[0] == "start":
                 display.start(event[1], jobs[event[1]].label)
@@ -548,8 +571,8 @@ def _run_parallel(
                 display.percent(event[1], event[2])
 
     try:
-        futures: dict[Future[dict[str, Any]], SeedRun] = {
-            pool.submit(_worker_run, job): job for job in jobs
+        futures: dict[Future[Any], Run] = {
+            pool.submit(_worker_run, job, rows): job for job in sorted(jobs, key=_cost_order)
         }
         pending = set(futures)
         while pending:
@@ -557,13 +580,14 @@ def _run_parallel(
             drain()
             for fut in sorted(done, key=lambda f: futures[f].index):
                 job = futures[fut]
-                rows[job.index] = fut.result()
+                out[job.index] = fut.result()
+                finished[job.index] = True
                 display.finish(job.index)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         events.close()
         events.join_thread()
-    return [r for r in rows if r is not None]
+    return out
 
 
 def _run_seeds(
@@ -585,17 +609,19 @@ def _run_seeds(
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     jobs = [
-        SeedRun(0, name, speedup, seed)
-        for speedup in args.speedup
-        for name in args.policies
-        for seed in seeds
+        Run(i, name, speedup, args.seed, scenario_seed=seed)
+        for i, (speedup, name, seed) in enumerate(
+            (speedup, name, seed)
+            for speedup in args.speedup
+            for name in args.policies
+            for seed in seeds
+        )
     ]
-    jobs = [SeedRun(i, j.policy, j.speedup, j.seed) for i, j in enumerate(jobs)]
     n_workers = min(args.jobs, len(jobs))
     if n_workers > 1:
-        rows = _run_parallel(jobs, n_workers, args, requests)
+        rows = _run_parallel(jobs, n_workers, args, requests, rows=True)
     else:
-        runner = SeedRunner(args.scenario, args.overrides, requests, args.seed)
+        runner = Runner(args.scenario, args.overrides, requests)
         display = _SeedProgress(len(jobs), not args.quiet)
         rows = []
         for job in jobs:
@@ -603,7 +629,7 @@ def _run_seeds(
             progress = _percent_reporter(
                 len(requests), lambda pct, i=job.index: display.percent(i, pct)
             )
-            rows.append(runner.run(job, progress))
+            rows.append(runner.row(job, progress))
             display.finish(job.index)
     aggregate = seed_aggregate(rows)
     if args.json:
