@@ -220,16 +220,16 @@ class Cluster:
         self.free_at[i] = start + fetch + prefill
         self.starts[i].append(start)
         self.served[i] += 1
-        _, events = self.caches[i].admit(keys)
+        _, runs = self.caches[i].admit_runs(keys)  # counted only: no event objects
         self.batches += 1
-        for ev in events:
+        for kind, _, _, moved in runs:
             self.events += 1
-            if ev.kind is BlockEventKind.STORED:
-                self.stored_blocks += len(ev.keys)
-            elif ev.kind is BlockEventKind.REMOVED:
-                self.removed_blocks += len(ev.keys)
-            elif ev.kind is BlockEventKind.MOVED:
-                self.moved_blocks += len(ev.keys)
+            if kind is BlockEventKind.STORED:
+                self.stored_blocks += len(moved)
+            elif kind is BlockEventKind.REMOVED:
+                self.removed_blocks += len(moved)
+            elif kind is BlockEventKind.MOVED:
+                self.moved_blocks += len(moved)
         return Served(
             i,
             float(self.inst_rtt[ingress, i]),
