@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catsproto import wire
 from catsproto.adapters.steering import RibFeed
 from catsproto.selector import RIB
+from catsproto.selector.rib import ServiceTable
 from catsproto.summary.versioning import Outcome
 from tests.rib_helpers import CS_ID, MAIN, H, claimed, instance, keys, poll
 
@@ -137,3 +140,20 @@ def test_a_restart_is_seen_after_a_first_advertisement_at_epoch_zero_sequence_ze
     assert inst.epoch_seq == (1, 0)
     held = inst.lookup(np.asarray([1, 42], dtype=np.uint64))
     assert held[0] == 0 and held[1] != 0  # the old epoch's key is gone, the new one held
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.lists(st.integers(0, 50), min_size=12, max_size=12),
+    writes=st.lists(
+        st.tuples(st.integers(0, 11), st.integers(0, 50), st.integers(1, 12)), max_size=60
+    ),
+)
+def test_heard_floor_is_the_minimum_after_any_writes(start, writes) -> None:
+    """The remembered oldest heard time of the first n slots equals the minimum taken
+    afresh after every write, whatever the order of writes (times that go back too)."""
+    table = ServiceTable(7, capacity=12)
+    table.heard_ms[:12] = start
+    for slot, ms, n in writes:
+        table.heard(slot, ms)
+        assert table.heard_floor(n) == int(table.heard_ms[:n].min())

@@ -181,7 +181,28 @@ class ServiceTable:
         self.live_mask = 0  # bit per occupied slot
         self.key_space_version = 0  # bumps when a slot's (model, key scheme, secret) moves
         self._key_masks: dict[tuple[str, int, int], tuple[tuple[int, int], int]] = {}
+        self._heard_floor: tuple[int, int] | None = None  # (n, min of heard_ms[:n])
         self._alloc(capacity)
+
+    def heard_floor(self, n: int) -> int:
+        """The oldest `heard_ms` of the first n slots: what every decision asks (is
+        every slot live?), remembered until a write can move it (`heard`)."""
+        floor = self._heard_floor
+        if floor is None or floor[0] != n:
+            floor = self._heard_floor = (n, int(self.heard_ms[:n].min()))
+        return floor[1]
+
+    def heard(self, slot: int, ms: int) -> None:
+        """Set a slot's `heard_ms`, keeping the remembered floor exact."""
+        old = int(self.heard_ms[slot])
+        self.heard_ms[slot] = ms
+        floor = self._heard_floor
+        if floor is None or slot >= floor[0]:
+            return
+        if ms <= floor[1]:
+            self._heard_floor = (floor[0], ms)
+        elif old <= floor[1]:  # it was the oldest (or one of them): look again
+            self._heard_floor = None
 
     def _alloc(self, capacity: int) -> None:
         old = len(getattr(self, "alive", ()))
@@ -198,6 +219,7 @@ class ServiceTable:
         self.backlog_tokens = grow(getattr(self, "backlog_tokens", None), np.float64, 0.0)
         self.slot_generation = grow(getattr(self, "slot_generation", None), np.int64, 0)
         self.heard_ms = grow(getattr(self, "heard_ms", None), np.int64, 0)
+        self._heard_floor = None
         self.metrics_ms = grow(getattr(self, "metrics_ms", None), np.int64, -1)
         self.metrics_version = grow(getattr(self, "metrics_version", None), np.int64, 0)
         # bumps when a slot gets a new instance or loses its own: per-slot state kept
@@ -373,7 +395,7 @@ class RIB:
             ]
             return AcceptResult(inst, old, False)
         inst.heard_ms = max(inst.heard_ms, now_ms)
-        table.heard_ms[inst.slot] = inst.heard_ms
+        table.heard(inst.slot, inst.heard_ms)
         if heard and seq[0] > inst.epoch_seq[0]:
             # The origin restarted: what it said in its old epoch went with it. Its new
             # summaries start again at version 1, and replace the old ones, never merge.

@@ -324,7 +324,7 @@ class PathSelector:
         n = len(table.instances)
         hold = self.rib.hold_time_ms
         pick: slice | np.ndarray
-        if n and len(table.by_address) == n and now_ms - int(table.heard_ms[:n].min()) <= hold:
+        if n and len(table.by_address) == n and now_ms - table.heard_floor(n) <= hold:
             # every slot live (the usual case): slices are views, no gathers
             slots, pick, candidates = self._all_slots(n), slice(0, n), table.live_mask
         else:
