@@ -20,10 +20,11 @@ The main table of docs/evaluation.md and docs/eval:
     catsproto eval --report docs/eval --sweep-limit 2000
 
 With --seeds it is the seed study instead: every policy at every speedup once per
-scenario seed (no sweeps), in --jobs worker processes as well. It prints one row per (policy, speedup): seeds, the
-mean of the per-seed mean TTFT with its standard deviation, min and max, the mean hit
-rate and (for each other policy, when the oracle ran) the mean per-seed paired
-difference to the oracle, its standard error and the seeds at or below it. With
+scenario seed (no sweeps), in --jobs worker processes as well. It prints one row per
+(policy, speedup): seeds, the mean of the per-seed mean TTFT with its standard
+deviation, min and max, the mean hit rate and (for each other policy, when the oracle
+ran) the mean per-seed paired difference to the oracle, its standard error and the
+seeds at or below it. With
 --report DIR: seeds.json (every per-seed row and the aggregate), seeds.md and a plot
 per speedup, seeds_x{speedup}.png (an earlier seed study's files of those names that
 are not written again are removed, as above). The twenty-seed study of
@@ -345,7 +346,7 @@ def _run(
     wall = time.perf_counter() - started
     if args.report:
         meta = {
-            "trace": args.trace,
+            "trace": Path(args.trace).name,  # not the folder: reports are shared
             "requests": len(requests),
             "command": "catsproto eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "wall_s": wall,
@@ -644,7 +645,7 @@ def _run_seeds(
         scenario = base.to_json()
         scenario.pop("seed", None)  # each run has its own: meta.seeds
         meta = {
-            "trace": args.trace,
+            "trace": Path(args.trace).name,  # not the folder: reports are shared
             "requests": len(requests),
             "command": "catsproto eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
             "wall_s": wall,
