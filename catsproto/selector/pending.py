@@ -81,15 +81,15 @@ class PendingWork:
     busy: set[int] = field(default_factory=set)
     # the table's `occupancy_version` at the last `refresh` (no slot to check while equal)
     seen_occupancy: int = -1
+    # the table's `metrics_stamp` and size when every slot's version was last read
+    seen_metrics: tuple[int, int] = (-1, -1)
 
     def grow(self, n: int) -> None:
         m = len(self.tokens)
         if m >= n:
             return
         self.tokens = np.concatenate([self.tokens, np.zeros(n - m)])
-        self.seen_version = np.concatenate(
-            [self.seen_version, np.full(n - m, -1, dtype=np.int64)]
-        )
+        self.seen_version = np.concatenate([self.seen_version, np.full(n - m, -1, dtype=np.int64)])
         self.seen_occupant = np.concatenate([self.seen_occupant, np.zeros(n - m, dtype=np.int64)])
         self.log.extend(deque() for _ in range(n - m))
         self.ms = np.concatenate([self.ms, np.zeros(n - m)])
@@ -122,8 +122,12 @@ class PendingWork:
                 self._forget(slot)
                 self.seen_occupant[slot] = table.occupant[slot]
             self.seen_occupancy = table.occupancy_version
-        changed = np.nonzero(table.metrics_version[:n] != self.seen_version[:n])[0]
-        for slot in changed.tolist():
+        if self.seen_metrics == (table.metrics_stamp, n):
+            changed: list[int] = []  # no slot's metrics moved since every one was read
+        else:
+            changed = np.nonzero(table.metrics_version[:n] != self.seen_version[:n])[0].tolist()
+            self.seen_metrics = (table.metrics_stamp, n)
+        for slot in changed:
             log = self.log[slot]
             at = table.metrics_ms[slot]
             if self.drain:

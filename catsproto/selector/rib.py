@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -168,6 +169,9 @@ class AcceptResult:
     metrics_updated: bool
 
 
+_METRICS_STAMPS = itertools.count()
+
+
 class ServiceTable:
     """The instances of one CS-ID, in slots, with per-slot arrays for scoring."""
 
@@ -182,6 +186,9 @@ class ServiceTable:
         self.key_space_version = 0  # bumps when a slot's (model, key scheme, secret) moves
         self._key_masks: dict[tuple[str, int, int], tuple[tuple[int, int], int]] = {}
         self._heard_floor: tuple[int, int] | None = None  # (n, min of heard_ms[:n])
+        # moves with any slot's metrics_version, unique across tables: a reader that saw
+        # this stamp (and this many slots) has nothing new to read there
+        self.metrics_stamp = next(_METRICS_STAMPS)
         self._alloc(capacity)
 
     def heard_floor(self, n: int) -> int:
@@ -548,6 +555,7 @@ class RIB:
                 inst.waiting = max(0.0, value)
         table.set_load(inst.slot, inst.prefill_tps, inst.backlog_tokens, inst.metrics_ms)
         table.metrics_version[inst.slot] += 1
+        table.metrics_stamp = next(_METRICS_STAMPS)
         return True
 
     def withdraw(self, address: IPAddress, cs_id: int | None = None) -> int:

@@ -79,11 +79,11 @@ BATCH = 4
 def _leaders(total: np.ndarray) -> list[int]:
     """Indices of the best and the runner-up estimate (lowest index first among equals,
     as a stable sort would give)."""
-    first = int(np.argmin(total))
+    first = int(total.argmin())  # the method: np.argmin adds a Python-level call
     if len(total) == 1:
         return [first]
     saved, total[first] = total[first], INF
-    second = int(np.argmin(total))
+    second = int(total.argmin())
     total[first] = saved
     if second == first:  # every other estimate is infinite: the lowest other index
         second = 1 if first == 0 else 0
