@@ -17,11 +17,12 @@ Strategy: three small stages, each testable alone.
    mid-connection is synchronised on the first marker; a broken marker is reported and
    resynchronised, never raised.
 3. `findings(messages, type_code, verify)` parses each UPDATE with `wire.bgp`, takes
-   every path attribute of our type code (Partial and Extended-Length bits ignored),
-   decodes its value with the codec and, per announced prefix, asks `verify` (a
-   callback: signatures are checked against the route) what to make of it. A malformed
-   attribute or UPDATE becomes a finding that carries the codec's error; nothing here
-   raises for bad bytes.
+   every path attribute of our type code, checks its header as the codec does (an
+   attribute without the Optional or the Transitive bit is malformed; Partial and
+   Extended Length are accepted), decodes its value with the codec and, per announced
+   prefix, asks `verify` (a callback: signatures are checked against the route) what to
+   make of it. A malformed attribute or UPDATE becomes a finding that carries the
+   codec's error; nothing here raises for bad bytes.
 """
 
 from __future__ import annotations
@@ -404,6 +405,21 @@ class Finding:
         return out
 
 
+def check_attribute_header(data: bytes, attr: wire.PathAttribute) -> None:
+    """Refuse `attr` (parsed from the UPDATE `data`) as `wire.decode_attribute` would:
+    without the Optional (0x80) or the Transitive (0x40) bit it is malformed (the
+    draft's "Format and Flags" section, RFC 7606 treat-as-withdraw); Partial (0x20) and
+    Extended Length (0x10) are accepted. The codec judges the attribute's own bytes, so
+    the two cannot drift apart. Its error loses the offset: here offsets count from the
+    start of the value, and the flags byte precedes it."""
+    header = 4 if attr.flags & wire.FLAG_EXTENDED_LENGTH else 3
+    end = attr.value_offset + len(attr.value)
+    try:
+        wire.decode_attribute(data[attr.value_offset - header : end], attr.type_code)
+    except wire.CodecError as exc:
+        raise type(exc)(exc.reason, None, exc.tlv_type) from None
+
+
 def findings(
     messages: Iterable[BGPMessage],
     type_code: int = wire.DEFAULT_ATTRIBUTE_TYPE,
@@ -422,6 +438,7 @@ def findings(
             if attr.type_code != type_code:
                 continue
             try:
+                check_attribute_header(msg.data, attr)
                 adv: wire.Advertisement | None = wire.decode(attr.value)
                 error = None
             except wire.CodecError as exc:
