@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from catsproto import wire
 from catsproto.adapters import netns
@@ -177,6 +177,7 @@ class LabRun:
     seconds: float
     negotiated: dict[str, bool]  # hop -> extended messages negotiated
     cells: list[Cell]
+    kept: Path | None = None  # the run folder (captures, logs), left in place by `keep`
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -264,7 +265,8 @@ def run_lab(
     timeout: float = 25.0,
     keep: bool = False,
 ) -> LabRun:
-    """Bring one lab up, announce every size at once, record the cells, tear down."""
+    """Bring one lab up, announce every size at once, record the cells, tear down. With
+    `keep` the run folder stays (`LabRun.kept`; a lab that fails names it on stderr)."""
     start = time.monotonic()
     tag = tag or f"x{os.getpid()}{transit[0]}{'e' if extended else 'n'}"
     max_message = 65535 if extended else 4096
@@ -330,7 +332,9 @@ def run_lab(
         )
     except BaseException:
         lab.down()
-        if not keep:
+        if keep:
+            report_kept([run_dir])  # the error may be lost among the labs: name it now
+        else:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     lab.down()
@@ -341,10 +345,25 @@ def run_lab(
                 cell.note = _why_not_sent(cell, speaker_log, negotiated)
             elif cell.sent and not cell.passed_on:
                 cell.note += f"; transit log: {_oversize_complaint(transit_log)}"
+    except BaseException:
+        if keep:
+            report_kept([run_dir])
+        raise
     finally:
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
-    return LabRun(transit, extended, time.monotonic() - start, negotiated, list(cells.values()))
+    seconds = time.monotonic() - start
+    kept = run_dir if keep else None
+    return LabRun(transit, extended, seconds, negotiated, list(cells.values()), kept)
+
+
+def report_kept(folders: Iterable[Path], stream: TextIO | None = None) -> None:
+    """One `kept: PATH` line per run folder left in place (`--keep`), on stderr: the
+    folder names end in random letters, so this is where the captures can be found."""
+    out = sys.stderr if stream is None else stream
+    for folder in folders:
+        out.write(f"kept: {folder}\n")
+    out.flush()
 
 
 def _why_not_sent(cell: Cell, speaker_log: str, negotiated: dict[str, bool]) -> str:
@@ -681,6 +700,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     else:
         print(table)
         print(f"{len(runs)} lab(s) in {seconds:.1f} s")
+    report_kept(r.kept for r in runs if r.kept is not None)
     failed = []  # each output is tried: one that cannot be written does not stop the next
     writes = [
         ("--json", args.json, json.dumps(result, indent=1) + "\n"),

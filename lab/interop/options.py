@@ -78,4 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="replace the table between the interop-matrix markers in FILE",
     )
-    p.add_argument("--keep", action="store_true", help="keep run directories (captures)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep run directories (captures, logs); each is named on stderr (kept: PATH)",
+    )
