@@ -9,8 +9,13 @@ sessions among themselves, so N sites need 2N sessions, not N(N-1)/2. The reflec
 do not peer with each other: each client hears every route twice, once per reflector,
 and either reflector alone delivers everything (what `tests/test_lab_rr.py` kills).
 
-`lab/cats-rr.clab.yml` is `render(reflector_topology(4, 2))`; `benchmarks/lab_scale.py`
-writes larger ones. Address plan (room for 16,383 sites and a million instances):
+`lab/catsrr.clab.yml` is `render(reflector_topology(4, 2))`, what `python -m
+catsproto.lab.reflectors` writes by default; its options are `--sites`, `--instances`,
+`--receivers`, `--name` and `--file` (the file name the header mentions), nothing more.
+The keyword arguments `min_interval`, `reflect_to` and `spool_poll` (node labels) are
+for Python callers: `benchmarks/lab_scale.py` writes larger topologies and sets the last
+two from its own command line. Address plan (room for 16,383 sites and a million
+instances):
 
 * site k's link to reflector r: 10.r.0.0/16 + 4k as a /30, site .1, reflector .2;
 * site k's router-id 10.254.0.0 + k; reflector r's router-id and cluster-id 10.255.255.r;
