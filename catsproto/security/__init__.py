@@ -40,9 +40,11 @@ from catsproto.security.identity import KeyFormatError, PublicKey, SigningKey, k
 from catsproto.security.receiver import (
     Counters,
     Policy,
+    Presigned,
     Receiver,
     Verdict,
     check,
+    presign,
     verify_advertisement,
 )
 from catsproto.security.replay import ReplayWindow, RouteKey, RouteState
