@@ -143,7 +143,10 @@ class CacheRib:
         default=None, repr=False
     )
 
-    def apply(self, event: Event, now: float) -> list[Change]:
+    def apply(self, event: Event, now: float, presigned: Any = None) -> list[Change]:
+        """The changes `event` makes at `now`. `presigned`: for an `Announced`, the
+        signature check of its value and route done ahead (`TrustFileVerifier.presign`
+        in a verifier pool), handed on to the verifier."""
         changes = self.expire(now)
         if isinstance(event, Unusable):
             self.counters["unusable_routes"] += 1
@@ -175,7 +178,7 @@ class CacheRib:
             return changes + self._drop_stale(lambda k: k[0] == event.peer, "not resent by EoR")
         if isinstance(event, AnnouncedMany):
             return changes + self._apply_many(event, now)
-        return changes + self._apply_route(event, now)
+        return changes + self._apply_route(event, now, presigned)
 
     def _decode(self, value: bytes) -> wire.Advertisement:
         """`wire.decode(value)`, once for the routes of one UPDATE (the same bytes object)."""
@@ -269,7 +272,9 @@ class CacheRib:
             out.append(Change("withdraw", key[0], key[1], had, f"stale: {why}"))
         return out
 
-    def _apply_route(self, event: Announced | Withdrawn, now: float) -> list[Change]:
+    def _apply_route(
+        self, event: Announced | Withdrawn, now: float, presigned: Any = None
+    ) -> list[Change]:
         key = (event.peer, event.prefix)
         self.stale.pop(key, None)  # resent or withdrawn: no longer stale
         if isinstance(event, Withdrawn):
@@ -285,7 +290,11 @@ class CacheRib:
         adv = self._decode(event.value)
         check = UNVERIFIED
         if self.verifier is not None:
-            check = self.verifier(event.value, adv, event.prefix)
+            if presigned is None:
+                check = self.verifier(event.value, adv, event.prefix)
+            else:  # only a verifier that presigns (TrustFileVerifier) is handed one
+                call: Any = self.verifier
+                check = call(event.value, adv, event.prefix, presigned)
         if not check.accepted:
             return self._refuse(key, f"not verified: {check.reason}")
         entry = Entry(

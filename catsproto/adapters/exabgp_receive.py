@@ -55,6 +55,7 @@ from catsproto.adapters.trust_verifier import (
     Verification,
     Verifier,
 )
+from catsproto.adapters.verifier_pool import PooledRun, VerifierPool, parser
 from catsproto.wire import DEFAULT_ATTRIBUTE_TYPE
 
 __all__ = [
@@ -95,23 +96,31 @@ def run(
     type_code: int = DEFAULT_ATTRIBUTE_TYPE,
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+    pool: VerifierPool | None = None,
+    batch: int = 32,
 ) -> None:
+    """Apply every line's events to `rib`, handing each change to `on_change`. With a
+    `pool` the signature checks are done ahead in its workers (`PooledRun`, `batch`
+    lines at a time): the same changes, in the same order."""
     verifier = rib.verifier
     if isinstance(verifier, TrustFileVerifier) and verifier.policy.attribute_type != type_code:
         raise ValueError(
             f"the trust-file verifier checks signatures for attribute type "
             f"{verifier.policy.attribute_type}, the attribute is read as type {type_code}"
         )
+    parse = parser(rib, log)
+    if pool is not None:
+        runner = PooledRun(
+            rib, on_change, pool, type_code=type_code, clock=clock, log=log, parse=parse,
+            batch=batch,
+        )  # fmt: skip
+        for line in lines:
+            runner.feed(line)
+        runner.settle()
+        return
     for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-            events = parse_message(obj, type_code)
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            rib.counters["unparsed_messages"] += 1
-            log(f"cannot parse ExaBGP message ({type(exc).__name__}: {exc}): {line[:200]}")
+        events = parse(line, type_code)
+        if events is None:
             continue
         for event in events:
             for change in rib.apply(event, clock()):
@@ -123,9 +132,11 @@ EVENTS_MAX_BYTES = 64 * 2**20
 
 class FileSink:
     """Appends each change to `events.jsonl` and rewrites `rib.json` atomically: after
-    every change, or with `coalesce` only on `flush()`. `rib.json` is the whole RIB, so
-    a rewrite per change costs O(RIB) each, O(n^2) for a burst (docs/scale.md: 20 ms a
-    route at 1,240 routes); `main` coalesces and flushes whenever its input runs dry.
+    every change, or with `coalesce` only on `flush()` (the event lines are then written
+    out at that moment too: one write call a burst, not one a change). `rib.json` is the
+    whole RIB, so a rewrite per change costs O(RIB) each, O(n^2) for a burst
+    (docs/scale.md: 20 ms a route at 1,240 routes); `main` coalesces and flushes
+    whenever its input runs dry.
 
     The event log is bounded: a re-sent unchanged value is a short line (no value hex,
     `Change.unchanged`), and once the file reaches `events_max_bytes` it is renamed to
@@ -165,11 +176,11 @@ class FileSink:
         if self._events_bytes and self._events_bytes + len(line) > self.events_max_bytes:
             self._rotate()
         self.events.write(line)
-        self.events.flush()
         self._events_bytes += len(line)
-        if self.coalesce:
+        if self.coalesce:  # the line goes out with the snapshot, when the input runs dry
             self.dirty = True
         else:
+            self.events.flush()
             self.write_snapshot()
 
     def _rotate(self) -> None:
@@ -196,6 +207,7 @@ class FileSink:
         is not in it yet."""
         if self.dirty or self.rib.counters != self._counted:
             self.dirty = False
+            self.events.flush()
             self.write_snapshot()
 
     def write_snapshot(self) -> None:
@@ -289,6 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         "twice for the active and a standby key during a rotation; needs --trust or "
         "--trust-when-present; rib.json and events.jsonl are then written mode 0600",
     )
+    p.add_argument(
+        "--verify-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="check signatures in N worker processes, ahead of the values' turn (0: in "
+        "this process); every verdict and the per-route order are the same; needs --trust "
+        "or --trust-when-present",
+    )
     p.add_argument("--raw", action="store_true", help="also keep ExaBGP's lines in raw.jsonl")
     p.add_argument(
         "--graceful-restart",
@@ -299,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         "(RFC 4724; configure the same capability on the session)",
     )
     args = p.parse_args(argv)
+    if args.verify_workers < 0:
+        p.error(f"--verify-workers {args.verify_workers}: give 0 or more")
+    if args.verify_workers and not (args.trust or args.trust_when_present):
+        p.error("--verify-workers: there are no signatures to check without --trust")
     if args.events_max_bytes <= 0:
         p.error(f"--events-max-bytes {args.events_max_bytes}: give a size above 0")
     keyring = None
@@ -325,11 +350,39 @@ def main(argv: list[str] | None = None) -> int:
         events_max_bytes=args.events_max_bytes,
         private=keyring is not None,
     )
-    lines: Iterable[str] = drained(sys.stdin, sink.flush)
+    if not args.verify_workers:
+        lines: Iterable[str] = drained(sys.stdin, sink.flush)
+        if args.raw:
+            lines = _tee(lines, Path(args.out) / "raw.jsonl")
+        with contextlib.suppress(KeyboardInterrupt):
+            run(lines, rib, sink, type_code=args.type_code)
+        return 0
+    pool = VerifierPool(
+        args.verify_workers,
+        args.trust or args.trust_when_present,
+        optional=bool(args.trust_when_present),
+        attribute_type=args.type_code,
+    )
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    runner = PooledRun(
+        rib, sink, pool, type_code=args.type_code, clock=time.time, log=log,
+        parse=parser(rib, log),
+    )  # fmt: skip
+
+    def idle() -> None:  # nothing more to read now: every value taken is applied first
+        runner.settle()
+        sink.flush()
+
+    lines = drained(sys.stdin, idle)
     if args.raw:
         lines = _tee(lines, Path(args.out) / "raw.jsonl")
-    with contextlib.suppress(KeyboardInterrupt):
-        run(lines, rib, sink, type_code=args.type_code)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            for line in lines:
+                runner.feed(line)
+            runner.settle()
+    finally:
+        pool.close()
     return 0
 
 

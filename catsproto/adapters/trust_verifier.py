@@ -150,7 +150,21 @@ class TrustFileVerifier:
         self._current()
         return not self._absent
 
-    def __call__(self, value: bytes, adv: wire.Advertisement, prefix: Prefix) -> Verification:
+    def presign(self, value: bytes, prefix: Prefix) -> Any:
+        """`security.presign` of `value` on `prefix` against the trust file as it is now
+        (a verifier pool's worker runs this); None while there is no store to ask."""
+        from catsproto import security
+
+        receiver = self._current()
+        if receiver is None:
+            return None
+        return security.presign(value, prefix, receiver.trust, receiver.policy)
+
+    def __call__(
+        self, value: bytes, adv: wire.Advertisement, prefix: Prefix, presigned: Any = None
+    ) -> Verification:
+        """The verdict on `value` for `prefix`; `presigned`: `presign` of these very
+        bytes and route, done ahead in another process (see `Receiver.receive`)."""
         from catsproto.security import Reason
 
         receiver = self._current()
@@ -164,7 +178,9 @@ class TrustFileVerifier:
             # anything as old is refused as stale before the window is asked
             receiver = receiver.expire(now_ms)
             self._expired_ms = now_ms
-        verdict, self._receiver = receiver.receive(value, prefix, now_ms, decoded=adv)
+        verdict, self._receiver = receiver.receive(
+            value, prefix, now_ms, decoded=adv, presigned=presigned
+        )
         if verdict.reason not in (Reason.OK, Reason.DUPLICATE):
             return Verification(False, False, f"{verdict.reason.value}: {verdict.detail}")
         if verdict.unheld_group_key is not None:
