@@ -32,7 +32,10 @@ on a cache and stays open, for probes.
 The instances behind the daemon keep their replies to holders of a token of their own
 (`instance serve --api-token-file`): the daemon sends it on what it proxies
 (``--instance-token-file``; `SteeringService.instance_token`). An instance that refuses
-it (401, 403) makes /generate a 502 naming that option, counted in ``instance_refused``.
+it (401, 403) makes /generate a 502 naming that option, counted in ``instance_refused``;
+any other answer but 200 is a 502 quoting it (the caller's body was checked here, so
+what the instance refuses is not the caller's fault). Every 502 counts in
+``upstream_errors``.
 
 Three small parts, each testable alone:
 
@@ -240,7 +243,8 @@ class SteeringService:
     bad_requests: int = 0  # answered 4xx: the client's body or fields
     unauthorised: int = 0  # answered 401: a missing or wrong API token
     internal_errors: int = 0  # answered 500
-    instance_refused: int = 0  # /generate answered 502: the instance wanted another token
+    upstream_errors: int = 0  # answered 502: an instance or the routing table failed us
+    instance_refused: int = 0  # of those, /generate's instance wanted another token
     # the bearer token sent on every /generate to an instance (--instance-token-file)
     instance_token: bytes | None = None
     ledger: StaleHitLedger = field(default_factory=StaleHitLedger)
@@ -337,6 +341,7 @@ class SteeringService:
             "decisions": self.decisions,
             "bad_requests": self.bad_requests,
             "internal_errors": self.internal_errors,
+            "upstream_errors": self.upstream_errors,
             "unauthorised": self.unauthorised,
             "instance_refused": self.instance_refused,
             "bad_rib_routes": self.feed.bad_routes,
@@ -423,8 +428,10 @@ class SteeringService:
                 f"({sent} sent): start the steering daemon with --instance-token-file "
                 "holding the instances' API token"
             )
-        if status != 200:
-            raise SteeringError(f"instance {steering['instance']} answered {status}: {reply}")
+        if status != 200:  # the body was checked here: what the instance refuses is
+            # its own or the decision's fault (a pull it has no credentials for), not the
+            # caller's, who is told what it said
+            raise UpstreamError(f"instance {steering['instance']} answered {status}: {reply}")
         if isinstance(reply, dict) and "expected_blocks" in reply:
             outcome = _outcome(reply)
             if outcome is None:
@@ -701,6 +708,7 @@ def _handler(
             except NoInstanceError as exc:
                 self._json(503, {"error": str(exc)})
             except (OSError, UpstreamError) as exc:
+                service.upstream_errors += 1
                 self._json(502, {"error": f"{type(exc).__name__}: {exc}"})
             except Exception as exc:  # a bug of ours: answer, count, log, serve on
                 service.internal_errors += 1
