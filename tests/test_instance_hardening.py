@@ -1,8 +1,9 @@
 """The modelled instance against the findings of issue #32 that concern it: an
 input_length its blocks cannot hold (it held the FCFS worker for hours, or killed it),
-a request the worker fails on, KV events (prompt token ids) published where anyone can
-connect, and a kv_source that made the instance dial any host and port. Each test fails
-on the code before the fix. Real engines, sockets on loopback, the CLI as a process."""
+a request the worker fails on (or, a later finding, does not serve in time), KV events
+(prompt token ids) published where anyone can connect, and a kv_source that made the
+instance dial any host and port. Each test fails on the code before the fix. Real
+engines, sockets on loopback, the CLI as a process."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -134,6 +136,39 @@ def test_a_request_the_worker_fails_on_is_a_500_and_the_worker_serves_on(server)
     with pytest.raises(EngineError, match="RuntimeError: boom"):  # the engine's own API
         server.engine.submit({"prompt_token_ids": list(range(BS))}, timeout=5)
     assert server.engine.state()["worker_errors"] == 2
+
+
+def test_a_request_not_served_in_time_is_a_500_counted_and_the_worker_serves_on() -> None:
+    """`submit`'s TimeoutError used to escape the handler: no answer at all, where a 500
+    is what the docs promise. The worker is held on the request until after its timeout."""
+    srv = InstanceServer(ModelledEngine(FAST), None, api_token=TOKEN, generate_timeout=0.2)
+    srv.start()
+    released = threading.Event()
+    publish = srv.engine._publish
+
+    def held(events):  # type: ignore[no-untyped-def]
+        released.wait(10)  # the worker, outside the engine's lock, as in a long prefill
+        return publish(events)
+
+    srv.engine._publish = held  # type: ignore[method-assign]
+    try:
+        started = time.monotonic()
+        status, reply = post(srv.url, {"prompt_token_ids": list(range(3 * BS))})
+        assert status == 500, reply
+        assert reply["error"] == "the engine did not serve this request within 0.2 s"
+        assert time.monotonic() - started < 5
+        state = srv.engine.state()
+        assert state["worker_errors"] == 1 and state["worker_error"] == reply["error"]
+        released.set()  # the worker finishes the late request, then serves the next
+        srv.generate_timeout = 10.0
+        status, reply = post(srv.url, {"prompt_token_ids": list(range(3 * BS))})
+        assert status == 200 and reply["cached_blocks"] == 3, reply
+        state = srv.engine.state()
+        assert state["waiting"] == state["running"] == state["outstanding_prefill_tokens"] == 0
+        assert state["worker_errors"] == 1
+    finally:
+        released.set()
+        srv.close()
 
 
 def test_the_steering_api_refuses_an_input_length_its_hash_ids_cannot_hold(tmp_path) -> None:

@@ -20,8 +20,9 @@ exposes its counters. Compute metrics come from a callable (here the engine's qu
                      -> answered when prefill ends (the first token): the client measures
                         time to first token; the body tells cached and computed tokens
                         (n at most ids × block size, every prompt at most
-                        ``max_prompt_tokens``: else 400; a request the worker fails on
-                        is a 500, counted in /state, and the worker serves the next)
+                        ``max_prompt_tokens``: else 400; a request the worker fails on,
+                        or does not serve within ``generate_timeout`` seconds, is a 500,
+                        counted in /state, and the worker serves the next)
     GET  /state      the engine's queue and cache, the node's counters, stale hits
     GET  /advertisements   the latest advertisement per route (hex and JSON)
     GET  /metrics    Prometheus text
@@ -122,6 +123,7 @@ REPLY_WITHHELD_NOTE = (
 )
 # the GET views that show the cache; an instance without a token refuses them (403)
 TOKEN_VIEWS = ("/state", "/advertisements", "/metrics")
+GENERATE_TIMEOUT_S = 600.0  # a /generate not served within this is answered 500
 
 
 def public_reply(reply: dict[str, Any]) -> dict[str, Any]:
@@ -153,10 +155,12 @@ class InstanceServer(BackgroundHTTPServer):
         *,
         request_deadline: float = READ_TIMEOUT_S,
         api_token: bytes | None = None,
+        generate_timeout: float = GENERATE_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.node = node
         self.api_token = api_token
+        self.generate_timeout = generate_timeout  # seconds a /generate may wait for its prefill
         self.unauthorised = 0  # answered 401: a missing or wrong API token
         self._count_lock = threading.Lock()
         super().__init__(_handler(self), host, port, request_deadline=request_deadline)
@@ -165,6 +169,13 @@ class InstanceServer(BackgroundHTTPServer):
     def count_unauthorised(self) -> None:
         with self._count_lock:
             self.unauthorised += 1
+
+    def count_timeout(self) -> str:
+        """Count a request not served within `generate_timeout` as the worker's failures
+        are counted (``worker_errors`` in /state); the error to answer with."""
+        error = f"the engine did not serve this request within {self.generate_timeout:g} s"
+        self.engine.count_failure(error)
+        return error
 
     def health(self) -> dict[str, Any]:
         return {"ok": True, "unauthorised": self.unauthorised}
@@ -219,7 +230,7 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
                 body = read_json_body(self)
                 if not isinstance(body, dict):
                     raise PromptError("the body must be a JSON object")
-                result = server.engine.submit(body, timeout=600)
+                result = server.engine.submit(body, timeout=server.generate_timeout)
             except BodyError as exc:
                 self.close_connection = True  # what follows on the stream is unknown
                 self._json(exc.status, {"error": str(exc)})
@@ -229,6 +240,9 @@ def _handler(server: InstanceServer) -> type[BaseHTTPRequestHandler]:
                 return
             except EngineError as exc:
                 self._json(500, {"error": str(exc)})
+                return
+            except TimeoutError:  # still queued or prefilling: the worker serves it later
+                self._json(500, {"error": server.count_timeout()})
                 return
             self._json(200, result if token is not None else public_reply(result))
 

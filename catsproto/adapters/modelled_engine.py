@@ -504,6 +504,12 @@ class ModelledEngine:
             "evicted_ms_ago": gone_ms,
         }
 
+    def count_failure(self, error: str) -> None:
+        """Count a request that was not served (``worker_errors``, the latest kept)."""
+        with self._lock:
+            self.worker_errors += 1
+            self.worker_error = error
+
     def _run(self) -> None:
         """Serve the queue FCFS. A request the worker fails on is answered with the error
         and counted (``worker_errors``); the worker goes on with the next one."""
@@ -518,9 +524,7 @@ class ModelledEngine:
                 self._prefill(job)
             except Exception as exc:  # one request's fault must not end the queue
                 job.error = f"{type(exc).__name__}: {exc}"
-                with self._lock:
-                    self.worker_errors += 1
-                    self.worker_error = job.error
+                self.count_failure(job.error)
             finally:
                 with self._lock:
                     self.running -= 1
