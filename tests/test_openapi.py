@@ -33,6 +33,7 @@ import importlib
 import json
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ import jsonschema
 import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -375,8 +377,9 @@ class StubEngine:
     """What the ingress needs of a vLLM OpenAI server, on 127.0.0.1: completions and chat
     completions, JSON or SSE, with ``usage.prompt_tokens_details.cached_tokens``. The
     `model` the ingress forwards says how to behave: "refusing" answers 401 (a wrong
-    API key), "dying" cuts its answer short; a prompt containing "mismatch" reports one
-    prompt token too many; ``max_tokens`` 999999 is refused with vLLM's 400."""
+    API key), "dying" cuts its answer short, "paced" waits for `paced_release` (a stream
+    after its first event, a JSON answer before it starts); a prompt containing "mismatch"
+    reports one prompt token too many; ``max_tokens`` 999999 is refused with vLLM's 400."""
 
     def __init__(self, tokenizer: PromptTokenizer) -> None:
         stub = self
@@ -393,6 +396,8 @@ class StubEngine:
                 stub.answer(self, body)
 
         self.tokenizer = tokenizer
+        self.paced_asked = threading.Event()  # a "paced" request has arrived
+        self.paced_release = threading.Event()  # the test lets it go on
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -427,6 +432,10 @@ class StubEngine:
         if model == "refusing":
             self.send(handler, 401, {"error": "Unauthorized"})
             return
+        if model == "paced":
+            self.paced_asked.set()
+            if not body.get("stream"):
+                self.paced_release.wait(10)
         if body.get("max_tokens") == 999999:
             error = {"message": "max_tokens is too large", "type": "BadRequestError"}
             self.send(handler, 400, {"error": {**error, "param": None, "code": 400}})
@@ -467,6 +476,8 @@ class StubEngine:
             if model == "dying":
                 handler.close_connection = True
                 return
+            if model == "paced":
+                self.paced_release.wait(10)
         done = b"data: [DONE]\n\n"
         handler.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
@@ -565,6 +576,7 @@ def ingress_service(tmp: Path, engine: StubEngine) -> IngressService:
         ModelSpec("tiny", CS_ID, TINY_LLAMA),
         ModelSpec("refusing", CS_ID, TINY_LLAMA),
         ModelSpec("dying", CS_ID, TINY_LLAMA),
+        ModelSpec("paced", CS_ID, TINY_LLAMA),
         ModelSpec("unreachable", CS_ID, TINY_LLAMA, closed),
         ModelSpec("nobody", 999, TINY_LLAMA),
     ]
@@ -931,7 +943,8 @@ def test_steering_api_matches_the_document(
     assert call(contract, name, url, "get", "/health").status == 200
     for path in ("/decide", "/generate"):
         # DEMO is cached at site 3: a decision may pull it from there, which this
-        # instance (no transfer credentials) refuses; /generate then says so (400)
+        # instance (no transfer credentials) refuses; /generate then says so (502,
+        # test_steering_answers_502_when_the_instance_fails_or_cannot_pull)
         for body in (DEMO, COLD) if path == "/decide" else (COLD,):
             head = {**body, "prompt_token_ids": body["prompt_token_ids"][:64]}  # quicker
             assert check_request(contract, name, "post", path, head)
@@ -964,6 +977,35 @@ def test_steering_api_matches_the_document(
     check_late_bodies(contract, name, late, ("/decide", "/generate"))
     check_busy(contract, name, SteeringServer(service, max_handlers=1).start())
     assert contract.missing(name) == []
+
+
+def test_steering_answers_502_when_the_instance_fails_or_cannot_pull(
+    servers: Servers, contract: Contract, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's body was checked before it was proxied, so an instance's non-200 is
+    not the caller's fault: its worker failing (500), or a decision to pull the prefix
+    sent to an instance without transfer credentials (its 400), is a 502 quoting it,
+    counted in `upstream_errors` and not in `bad_requests` (it used to be a 400)."""
+    s, name, url = servers, "steering", servers.steering.url
+    service = s.steering.service
+    before = call(contract, name, url, "get", "/health").json()
+    with monkeypatch.context() as m:
+        m.setattr(s.instance.engine, "submit", raising(EngineError("the worker failed")))
+        reply = call(contract, name, url, "post", "/generate", COLD, token=TOKEN)
+    assert reply.status == 502, reply
+    assert "answered 500" in reply.json()["error"] and "the worker failed" in reply.json()["error"]
+    decide = service.decide
+    pull = {"address": "10.103.0.11", "port": 7470, "key_id": "ab" * 32, "expected_blocks": 24}
+    with monkeypatch.context() as m:  # "compute here, pull from there", to our instance
+        m.setattr(service, "decide", lambda body, **kw: {**decide(body, **kw), "kv_pull": pull})
+        reply = call(contract, name, url, "post", "/generate", COLD, token=TOKEN)
+    assert reply.status == 502, reply
+    assert "answered 400" in reply.json()["error"]
+    assert "no transfer credentials" in reply.json()["error"]
+    after = call(contract, name, url, "get", "/health").json()
+    assert after["bad_requests"] == before["bad_requests"]
+    assert after["upstream_errors"] == before["upstream_errors"] + 2
+    assert after["instance_refused"] == before["instance_refused"]
 
 
 def test_instance_api_matches_the_document(
@@ -1118,6 +1160,88 @@ def test_ingress_matches_the_document(
     check_late_bodies(contract, name, late, ("/v1/completions", "/v1/chat/completions"))
     check_busy(contract, name, IngressServer(service, install_routes=False, max_handlers=1).start())
     assert contract.missing(name) == []
+
+
+def requests_counted(url: str, model: str) -> dict[str, float]:
+    """`catsproto_ingress_requests_total` of `model` on /v1/completions, by `status`."""
+    text = request(url, "GET", "/metrics", token=TOKEN).body.decode()
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "catsproto_ingress_requests":
+            for sample in family.samples:
+                labels = sample.labels
+                ours = labels["model"] == model and labels["endpoint"] == "/v1/completions"
+                if ours and sample.name.endswith("_total"):
+                    counted[labels["status"]] = sample.value
+    return counted
+
+
+def counted_once_more(url: str, model: str, before: dict[str, float]) -> dict[str, float]:
+    """The statuses whose count grew since `before` (waits until one has, up to 5 s)."""
+    deadline = time.monotonic() + 5
+    while True:
+        now = requests_counted(url, model)
+        grown = {k: v - before.get(k, 0.0) for k, v in now.items() if v != before.get(k, 0.0)}
+        if grown or time.monotonic() > deadline:
+            return grown
+        time.sleep(0.02)
+
+
+def hang_up(sock: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0): the ingress's next write to it fails at once."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_a_client_that_hangs_up_is_counted_by_what_it_was_sent(servers: Servers) -> None:
+    """`requests_total` counts what was answered: a client that leaves a stream after its
+    200 head is a 200, one that leaves before any head went out is
+    `status="disconnected"`. Both used to be counted as 500s nobody was sent."""
+    url, stub = servers.ingress.url, servers.engine
+    host, port = url.removeprefix("http://").split(":")
+    for stream, expected in ((True, "200"), (False, "disconnected")):
+        stub.paced_asked.clear()
+        stub.paced_release.clear()
+        before = requests_counted(url, "paced")
+        body = json.dumps({"model": "paced", "prompt": "Hello KV", "stream": stream}).encode()
+        head = post_head(
+            "/v1/completions", len(body), f"Authorization: Bearer {TOKEN.decode()}\r\n"
+        )
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        try:
+            sock.sendall(head + body)
+            if stream:  # the 200 head and the first event, then the client leaves
+                got = b""
+                while b"\r\n\r\n" not in got or b"\n\n" not in got.partition(b"\r\n\r\n")[2]:
+                    chunk = sock.recv(65536)
+                    assert chunk, got
+                    got += chunk
+                assert got.startswith(b"HTTP/1.1 200 "), got
+            else:  # the engine has it and has not answered: the client leaves
+                assert stub.paced_asked.wait(5)
+        finally:
+            hang_up(sock)
+        stub.paced_release.set()  # the engine answers; the ingress writes to nobody
+        assert counted_once_more(url, "paced", before) == {expected: 1.0}
+    assert request(url, "GET", "/health").status == 200  # and it serves on
+
+
+def test_a_bug_after_a_streams_head_sends_no_second_head(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of ours once the 200 head is out cannot become a 500 any more: the stream
+    is cut (counted in `internal_errors`) and the request counted as the 200 it got; a
+    500 head used to be written into the stream's body."""
+    url, service = servers.ingress.url, servers.ingress.service
+    before, errors = requests_counted(url, "tiny"), service.health()["internal_errors"]
+    body = json.dumps({"model": "tiny", "prompt": "Hello KV", "stream": True}).encode()
+    head = post_head("/v1/completions", len(body), f"Authorization: Bearer {TOKEN.decode()}\r\n")
+    with monkeypatch.context() as m:
+        m.setattr(service, "record", raising(RuntimeError("a bug")))  # at the usage chunk
+        reply = raw_exchange(url, head + body)
+    assert reply.status == 200 and b"HTTP/1.1" not in reply.body, reply
+    assert counted_once_more(url, "tiny", before) == {"200": 1.0}
+    assert service.health()["internal_errors"] == errors + 1
 
 
 def test_unknown_paths_and_methods_get_the_answers_the_document_describes(

@@ -219,7 +219,7 @@ class IngressService:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "catsproto_ingress_requests",
-            "requests answered, by model, endpoint and HTTP status",
+            "requests, by model, endpoint and the HTTP status sent (disconnected: none was)",
             ["model", "endpoint", "status"],
             registry=self.registry,
         )

@@ -11,6 +11,11 @@ token leaves when the engine's does. An engine that fails before its first byte 
 in OpenAI's shape; one that fails once the stream's head went out gets an SSE error
 event and the stream's end; a client that leaves closes the engine's connection too
 (vLLM then aborts the request).
+
+Each request is counted by the status its client was sent (`Handler.sent`, set once the
+head is out): a stream the client leaves after its 200 is a 200, and a client that
+leaves before any head went out is ``status="disconnected"`` (`DISCONNECTED`), not a 500
+nobody received.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from catsproto.adapters.strict_json import json_body
 __all__ = ["POLICY_HEADER", "IngressServer", "read_body"]
 
 POLICY_HEADER = "x-catsproto-policy"  # a token holder's choice of policy (comparisons)
+# the `status` label of a request whose client left before any answer's head was sent
+DISCONNECTED = "disconnected"
 
 
 class IngressServer(BackgroundHTTPServer):
@@ -139,6 +146,17 @@ def _handler(
 
     class Handler(JsonHandler):
         timeout = read_timeout
+        sent: int | None = None  # the status whose head went out for this request
+        _head: int | None = None  # the status of the head being written
+
+        def send_response_only(self, code: int, message: str | None = None) -> None:
+            self._head = code
+            super().send_response_only(code, message)
+
+        def flush_headers(self) -> None:
+            super().flush_headers()  # raises if the client left: then nothing was sent
+            if self._head is not None:
+                self.sent, self._head = self._head, None
 
         def _error(self, exc: IngressError, headers: dict[str, str] | None = None) -> None:
             self._send(exc.status, json_body(exc.to_json()), headers=headers)
@@ -189,7 +207,7 @@ def _handler(
             if not self._authorised():
                 service.requests.labels("", endpoint, "401").inc()
                 return
-            name, status = "", 500
+            name, self.sent = "", None
             try:
                 raw = read_body(self, max_body)
                 prepared = service.prepare(path, raw)
@@ -205,19 +223,16 @@ def _handler(
                 steered = service.decide(
                     prepared, install=install_routes, policy=policy or "catsproto"
                 )
-                status = self._proxy(prepared, steered)
+                self._proxy(prepared, steered)
             except BodyError as exc:
                 service.count("bad_requests")
                 self.close_connection = True
-                status = exc.status
                 self._error(IngressError(exc.status, str(exc)))
             except IngressError as exc:
                 if exc.status < 500:
                     service.count("bad_requests")
-                status = exc.status
                 self._error(exc)
             except _UpstreamFailed as exc:
-                status = 502
                 self._error(IngressError(502, str(exc), code=exc.code))
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client left: nobody to answer
@@ -225,10 +240,12 @@ def _handler(
                 service.count("internal_errors")
                 print(f"ingress: {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 self.close_connection = True
-                with contextlib.suppress(OSError):
-                    self._error(IngressError(500, f"internal error: {type(exc).__name__}"))
-            finally:
-                service.requests.labels(name, endpoint, str(status)).inc()
+                if self.sent is None:  # a head already sent cannot be taken back
+                    with contextlib.suppress(OSError):
+                        self._error(IngressError(500, f"internal error: {type(exc).__name__}"))
+            finally:  # what the client was sent, not what it would have been
+                status = DISCONNECTED if self.sent is None else str(self.sent)
+                service.requests.labels(name, endpoint, status).inc()
 
         # ---- the proxy ----------------------------------------------------------------
 
@@ -262,7 +279,7 @@ def _handler(
                     ) from None
             raise AssertionError("unreachable")
 
-        def _proxy(self, prepared: Prepared, steered: Steered) -> int:
+        def _proxy(self, prepared: Prepared, steered: Steered) -> None:
             name = prepared.model.spec.name
             started = time.perf_counter()
             try:
@@ -300,9 +317,8 @@ def _handler(
                     if usage is not None:
                         service.record(prepared, steered, usage)
                 self._send(resp.status, body, kind, headers)
-                return resp.status
+                return
             self._stream(prepared, steered, conn, resp, kind, headers)
-            return 200
 
         def _done(
             self,
