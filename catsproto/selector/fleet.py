@@ -86,6 +86,7 @@ class FleetProbe:
         self._dead = 0
         self._slot_rows: dict[int, range] = {}
         self._live: np.ndarray | None = None  # the slots with rows (sorted), while kept
+        self._live_mask: tuple[np.ndarray, int] | None = None  # (that array, its bitmask)
         self._special: np.ndarray | None = None  # room for the rows a pass leaves to Python
         self._built_gen = np.full(0, -1, dtype=np.int64)
         self._slot_start = np.zeros(0, dtype=np.int64)  # rows of slot s: start..stop
@@ -400,6 +401,17 @@ class FleetProbe:
         """Row indices of `slots` (all live rows if None)."""
         return self._rows_of(self._asked(slots))
 
+    def live_mask(self) -> int:
+        """The slots with rows, as a bitmask (after bringing the rows up to the table)."""
+        self.sync()
+        live = self._asked(None)
+        if self._live_mask is None or self._live_mask[0] is not live:
+            bits = np.zeros(int(live[-1]) + 1 if len(live) else 0, dtype=bool)
+            bits[live] = True
+            mask = int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+            self._live_mask = (live, mask)
+        return self._live_mask[1]
+
     def _asked(self, slots: np.ndarray | None) -> np.ndarray:
         """`slots` (every slot with rows if None) that the table has room for."""
         if slots is None:
@@ -429,8 +441,12 @@ class FleetProbe:
         if len(keys) == 0 or len(asked) == 0:
             return [0] * len(keys)
         # one bit per slot from the first asked (rounded down to a byte) to the last
-        base = int(asked.min()) & ~7
-        width = (int(asked.max()) - base + 8) & ~7
+        if slots is None:  # every slot with rows: sorted already
+            lo, hi = int(asked[0]), int(asked[-1])
+        else:
+            lo, hi = int(asked.min()), int(asked.max())
+        base = lo & ~7
+        width = (hi - base + 8) & ~7
         dense = np.zeros((len(keys), width), dtype=np.bool_)
         self._pass(keys, asked, False, base, dense)
         raw = np.packbits(dense, axis=1, bitorder="little").tobytes()

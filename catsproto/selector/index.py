@@ -265,7 +265,12 @@ class KeyIndex:
             valid = 0
         need = running & ~valid
         if need:
-            held = self.fleet.held(keys[start:end], _slots_array(need))
+            fleet = self.fleet
+            every = fleet.live_mask()
+            if need & every == every:  # all slots with rows (a new first key): no slot list
+                held = [m & need for m in fleet.held(keys[start:end])]
+            else:
+                held = fleet.held(keys[start:end], _slots_array(need))
             self.probes += 1
         else:
             held = [0] * (end - start)
