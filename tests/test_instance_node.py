@@ -229,6 +229,9 @@ def test_without_an_engine_the_node_serves_its_configuration(token_file: Path) -
             "capacity_blocks": {"hbm": 2048, "dram": 16384},
             "prefill_rate_tps": 8000.0,
             "prefill_rate": "configured",
+            "signing_key_id": None,  # unsigned: no --signing-key, --group-key, --spool
+            "group_key_id": None,
+            "spool": None,
         }
         assert http(node.url + "/health", None) == (
             200,

@@ -10,8 +10,11 @@
         --kv-events-config), its /metrics (block size, KV blocks, load), and an HTTP
         face of its own
 
-Advertisements (unsigned) go to --adverts-out as JSON lines: prefix, epoch, sequence,
-reason and the attribute value in hex.
+Advertisements go to --adverts-out as JSON lines: prefix, epoch, sequence, reason and
+the attribute value in hex, unsigned; `instance node --signing-key` signs each for its
+route (sealing its cache section first under --group-key) and writes the signed value,
+and with --spool hands it to ExaBGP's announce process
+(`catsproto.adapters.exabgp_announce`) through `adapters/signed_routes.py`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from catsproto.adapters.stop import StopSignal
 from catsproto.commands import UsageError
@@ -39,6 +43,9 @@ from catsproto.node import (
     TierSpec,
 )
 from catsproto.wire import Tier
+
+if TYPE_CHECKING:
+    from catsproto.adapters.signed_routes import SignedRoutes
 
 DEFAULT_TIERS = ["hbm:2048:5:1600000", "dram:16384:30:400000"]
 DEFAULT_MAX_PROMPT_TOKENS = 1 << 20  # the modelled engine's own default (adapters.instance)
@@ -137,26 +144,105 @@ def _builder_config(args: argparse.Namespace, tiers: list[TierSpec]) -> BuilderC
     return config
 
 
-def _writer(path: str | None) -> tuple[Any, TextIO | None]:
-    if path is None:
+def _writer(path: str | None, signed: SignedRoutes | None = None) -> tuple[Any, TextIO | None]:
+    """The node's `on_routes`: each route signed and spooled (`signed`), then written to
+    --adverts-out as a JSON line, with the signed value when there is one. Also the file
+    to close at the end (None for stdout or no file)."""
+    out: TextIO | None = None
+    if path is not None:
+        try:
+            out = sys.stdout if path == "-" else Path(path).open("a", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise UsageError(f"--adverts-out {path}: cannot open: {exc.strerror or exc}") from None
+    if out is None and signed is None:
         return None, None
-    try:
-        out: TextIO = sys.stdout if path == "-" else Path(path).open("a", encoding="utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise UsageError(f"--adverts-out {path}: cannot open: {exc.strerror or exc}") from None
     lock = threading.Lock()
 
     def on_routes(routes: list[RouteAdvertisement]) -> None:
         from catsproto.adapters.instance import route_json
 
+        values = signed.publish(routes) if signed is not None else None
+        if out is None:
+            return
         with lock:
-            for r in routes:
+            for i, r in enumerate(routes):
                 line = route_json(r)
                 del line["advertisement"]
+                if values is not None:
+                    line["value"] = values[i].hex()
                 out.write(json.dumps(line) + "\n")
             out.flush()
 
     return on_routes, (out if out is not sys.stdout else None)
+
+
+def _key_file(option: str, path: str, read: Callable[[str], Any]) -> Any:
+    """A key file an option names, read by `read` (`signed_routes.read_signing_key` or
+    `read_group_key`, which refuse a file group or others may use); an error names the
+    option and the path once."""
+    from catsproto.adapters.file_modes import FileModeError
+
+    try:
+        return read(path)
+    except FileModeError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{option} {path}: {exc}") from None
+
+
+def _signing_summary(signed: SignedRoutes | None) -> dict[str, Any]:
+    """For the ready line: the key id that signs, the group key that seals, the spool."""
+    keys = signed.group_keys if signed is not None else None
+    spool = signed.spool if signed is not None else None
+    return {
+        "signing_key_id": signed.signer.key_id.hex() if signed is not None else None,
+        "group_key_id": keys.active.key_id if keys is not None else None,
+        "spool": str(spool.path) if spool is not None else None,
+    }
+
+
+def _signed_routes(args: argparse.Namespace) -> SignedRoutes | None:
+    """What --signing-key, --group-key and --spool ask for, or None for unsigned
+    advertisements. A spool or a group key without a signing key is refused: receivers
+    that hold a trust file refuse unsigned values and open sealed sections only in
+    values whose signature they verified, so either would put nothing usable in BGP."""
+    from catsproto import security
+    from catsproto.adapters.exabgp_announce import Spool
+    from catsproto.adapters.signed_routes import SignedRoutes, read_group_key, read_signing_key
+
+    if args.signing_key is None:
+        if args.spool is not None:
+            raise UsageError(
+                "--spool needs --signing-key: receivers with a trust file refuse unsigned "
+                "advertisements, so the routes spooled would carry nothing they accept"
+            )
+        if args.group_key:
+            raise UsageError(
+                "--group-key needs --signing-key: receivers open a sealed cache section "
+                "only in an advertisement whose signature they verified"
+            )
+        return None
+    signer = _key_file("--signing-key", args.signing_key, read_signing_key)
+    group_keys = None
+    if args.group_key:
+        keys = [_key_file("--group-key", path, read_group_key) for path in args.group_key]
+        try:
+            group_keys = security.GroupKeyring.of(keys)
+        except ValueError as exc:
+            raise UsageError(f"--group-key: {exc}") from None
+    spool = None
+    if args.spool is not None:
+        try:
+            spool = Spool(args.spool)
+        except OSError as exc:
+            raise UsageError(
+                f"--spool {args.spool}: cannot make it the spool folder: {exc.strerror or exc}"
+            ) from None
+        if not os.access(spool.path, os.W_OK | os.X_OK):
+            raise UsageError(f"--spool {args.spool}: this user cannot write in it")
+    return SignedRoutes(signer, group_keys=group_keys, spool=spool)
 
 
 def _stop_on_signal() -> StopSignal:
@@ -345,7 +431,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    on_routes, sink = _writer(args.adverts_out)
+    signed = _signed_routes(args)
+    on_routes, sink = _writer(args.adverts_out, signed)
     server = node = scraper = None
     try:
         try:
@@ -414,6 +501,7 @@ def cmd_node(args: argparse.Namespace) -> int:
                     "capacity_blocks": {t.tier.name.lower(): t.capacity_blocks for t in tiers},
                     "prefill_rate_tps": compute_state().prefill_rate_tps,
                     "prefill_rate": scraper.rate.source if scraper is not None else "configured",
+                    **_signing_summary(signed),
                 }
             ),
             file=sys.stderr,
@@ -427,6 +515,8 @@ def cmd_node(args: argparse.Namespace) -> int:
             scraper.close()
         if node is not None:
             node.close()
+        if signed is not None:
+            signed.withdraw_all()  # the node no longer speaks for its engine
         if sink is not None:
             sink.close()
     return 0
@@ -620,10 +710,10 @@ def register(subparsers: Any) -> None:
         description="Run the node (C-SMA) next to a real vLLM engine: it subscribes to "
         "the engine's KV events (the endpoints of its --kv-events-config, one pair per "
         "data-parallel rank), reads the engine's block size, KV blocks and load from its "
-        "/metrics (--engine-url), builds advertisements (unsigned; written to "
-        "--adverts-out) and serves GET /health, /state, /advertisements and /metrics on "
-        "--host and --port. When it runs it prints one JSON line on stderr (what it "
-        "listens to and serves); it runs until SIGINT or SIGTERM.\n\n"
+        "/metrics (--engine-url), builds advertisements and serves GET /health, /state, "
+        "/advertisements and /metrics on --host and --port. When it runs it prints one "
+        "JSON line on stderr (what it listens to and serves); it runs until SIGINT or "
+        "SIGTERM.\n\n"
         "Both sides must name the same endpoints: --endpoint and --replay-endpoint here "
         "are vLLM's endpoint and replay_endpoint. vLLM binds them when they hold * (or "
         "are ipc://), and --engine-host tells the node where to connect. vLLM adds the "
@@ -636,6 +726,18 @@ def register(subparsers: Any) -> None:
         "usage and the measured prefill rate it advertises. Without it the node advertises "
         "the configured --tier capacities and --prefill-rate, and --block-size (default "
         f"{DEFAULT_BLOCK_SIZE}) must be the engine's.\n\n"
+        "Into BGP: with --signing-key every advertisement is signed for its route (its "
+        "cache section sealed first under --group-key) and --adverts-out writes the "
+        "signed value, the bytes that go into BGP (without --signing-key it writes them "
+        "unsigned). With --spool DIR as well, each route's value is written to DIR, one "
+        "file per route, for ExaBGP's announce process (python -m "
+        "catsproto.adapters.exabgp_announce --spool DIR, in ExaBGP's configuration) to "
+        "announce; the node rewrites every file at least once per --max-interval-ms and "
+        "removes its files (withdraws its routes) when it stops, so give the announcer a "
+        "--lease above that interval to withdraw the routes of a node that was killed. "
+        "--spool and --group-key need --signing-key: receivers with a trust file refuse "
+        "unsigned values and open a sealed section only in a value whose signature they "
+        "verified.\n\n"
         "A vLLM and its node, on one host:\n\n" + VLLM_SIDE_EXAMPLE,
     )
     n.add_argument(
@@ -683,6 +785,32 @@ def register(subparsers: Any) -> None:
         help="file holding the bearer token (16+ printable ASCII characters) that GET "
         "/state, /advertisements and /metrics require (GET /health stays open); without "
         "it those views are refused (403): they show the cache",
+    )
+    g = n.add_argument_group("into BGP (signing, sealing, ExaBGP)")
+    g.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="the node's private key file (`catsproto keygen`; refused if group or others "
+        "may use it), which an operator has authorised for --cs-id, the routes (the "
+        "--address host route and --shard-range) and --address: every advertisement is "
+        "signed for its route, and --adverts-out writes the signed value",
+    )
+    g.add_argument(
+        "--group-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="group key file (`catsproto keygen --group ID`): seal each advertisement's "
+        "cache section under it before signing; twice during a rotation, the active key "
+        "first (the second is read and checked, it does not seal); needs --signing-key",
+    )
+    g.add_argument(
+        "--spool",
+        metavar="DIR",
+        help="hand every signed route to ExaBGP: its value is written to DIR (made if "
+        "missing), one file per route, for `python -m catsproto.adapters.exabgp_announce "
+        "--spool DIR` to announce; its files are removed (the routes withdrawn) when the "
+        "node stops; needs --signing-key",
     )
     _common(
         n,

@@ -8,7 +8,8 @@ KV events and replay socket, keyed with the lab's secret at the engine's block s
 its capacity the engine's real KV blocks, its load scraped from the engine's
 Prometheus ``/metrics``. Every route the builder emits is sealed (when the lab is),
 signed with the instance's lab key and spooled, exactly as for a modelled instance, so
-BGP, the receivers and the selector cannot tell the two apart.
+BGP, the receivers and the selector cannot tell the two apart (`SignedRoutes`, the
+step `catsproto instance node --signing-key --spool` takes too).
 
 The C-SMA speaks only for a live engine: nothing is announced before the engine's
 ``/health`` answers, and an engine that stops answering (``DOWN_AFTER`` probes in a
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from catsproto import security, wire
+from catsproto import security
 from catsproto.adapters.exabgp_announce import Spool
+from catsproto.adapters.signed_routes import SignedRoutes
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec, healthy
-from catsproto.lab.sealing import sealed
 from catsproto.lab.topology import InstanceSpec
 from catsproto.node import (
     BuilderConfig,
@@ -124,7 +125,8 @@ class EngineCsma:
     ) -> None:
         self.spec, self.engine, self.spool, self.signer = spec, engine, spool, signer
         self.group_keys = group_keys
-        self.published: set[Any] = set()
+        # sealed (if the lab is), signed and spooled as a modelled instance's routes
+        self.routes = SignedRoutes(signer, group_keys=group_keys, spool=spool)
         self.up = False
         self.health_failures = 0
         self.withdrawals = 0
@@ -183,18 +185,12 @@ class EngineCsma:
         with self._lock:
             if not self.up:
                 return  # an engine not (or no longer) answering is not advertised
-            for r in routes:  # as a modelled instance's: sealed (if the lab is), signed
-                adv = security.sign(sealed(r.advertisement, self.group_keys), self.signer, r.prefix)
-                self.spool.publish(r.prefix, wire.encode(adv))
-                self.published.add(r.prefix)
+            self.routes.publish(routes)
 
     def _withdraw_all(self) -> None:
         with self._lock:
-            for prefix in self.published:
-                self.spool.withdraw(prefix)
-            if self.published:
+            if self.routes.withdraw_all():
                 self.withdrawals += 1
-            self.published.clear()
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until the engine answers /health (True), or `timeout` passes (False)."""
@@ -252,7 +248,7 @@ class EngineCsma:
             "up": self.up,
             "health_failures": self.health_failures,
             "withdrawals": self.withdrawals,
-            "routes": len(self.published),
+            "routes": len(self.routes.spooled),
             "scrape": self.scraper.state() if self.scraper is not None else None,
             **self.node.state(),
         }

@@ -46,6 +46,7 @@ import numpy as np
 from catsproto import security, wire
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.adapters.file_modes import write_trust_file
+from catsproto.adapters.signed_routes import SignedRoutes
 from catsproto.adapters.transfer_tls import TRANSFER_PORT
 from catsproto.keys import BlockKeyer
 from catsproto.lab.engine import EngineSpec
@@ -309,8 +310,7 @@ class ServedInstance:
 
         self.spec, self.spool, self.signer = spec, spool, signer
         self.group_keys = group_keys
-        self.published: set[Prefix] = set()
-        self._lock = threading.Lock()
+        self.routes = SignedRoutes(signer, group_keys=group_keys, spool=spool)
         host = host or str(spec.address)
         keyer = BlockKeyer(DEMO_SECRET, MODEL, BLOCK_TOKENS)
         self.identity = TransferIdentity(signer) if trust is not None else None
@@ -402,11 +402,7 @@ class ServedInstance:
 
     def _publish(self, routes: list[RouteAdvertisement]) -> None:
         self.engine.last_advertised = time.monotonic()
-        with self._lock:
-            for r in routes:
-                adv = security.sign(sealed(r.advertisement, self.group_keys), self.signer, r.prefix)
-                self.spool.publish(r.prefix, wire.encode(adv))
-                self.published.add(r.prefix)
+        self.routes.publish(routes)
 
     def warm(self, tokens: list[int], timeout: float = 30.0) -> None:
         """Serve `tokens` once (its cache then holds them) and let the C-SMA see it
@@ -432,10 +428,7 @@ class ServedInstance:
         self.server.close()  # closes the node and the engine too
         if self.identity is not None:
             self.identity.close()
-        with self._lock:
-            for prefix in self.published:
-                self.spool.withdraw(prefix)
-            self.published.clear()
+        self.routes.withdraw_all()
 
 
 def serve(
