@@ -1,28 +1,44 @@
 """docs/scenarios.md against the scenario loader: every key `Scenario.from_mapping` reads
-is on the page and every key on the page is read; the tier and model tables list the
-fields the loader reads of them; the S1 column shows s1.toml's values. The keys come
-from the loader's code (its `d["key"]`, `d.get("key")` and `_flag(d, "key")`), not from
-a list kept here, so a new key without a row fails."""
+is on the page and every key on the page is read; a key is "required" on the page exactly
+when the loader reads it without a default; the tier and model tables list the fields the
+loader reads of them; the S1 and llama70b columns show the shipped files' values. The
+keys come from the loader's code (its `d["key"]`, `d.get("key")` and `_flag(d, "key")`,
+checked against the `Scenario` dataclass's fields), not from a list kept here, so a new
+key without a row fails. The last test feeds the checker broken pages and loaders."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+
+from catsproto.sim.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "scenarios.md"
 LOADER = ROOT / "catsproto" / "sim" / "scenario.py"
-S1 = ROOT / "catsproto" / "sim" / "scenarios" / "s1.toml"
+SHIPPED = ROOT / "catsproto" / "sim" / "scenarios"
+ABSENT = "–"  # a cell for a key the shipped file leaves out
 
 
-def _read_keys(function: ast.AST, mapping: str) -> set[str]:
-    """The string keys `function` reads from the dict named `mapping`."""
-    keys = set()
+class LoaderKeys(NamedTuple):
+    top: set[str]  # top-level keys from_mapping reads
+    required: set[str]  # ... of them, read without a default (d["key"])
+    tier: set[str]  # fields of one [tiers.NAME] table
+    model: set[str]  # fields of the [model] table
+
+
+def _reads(function: ast.AST, mapping: str) -> tuple[set[str], set[str]]:
+    """(every string key `function` reads from the dict named `mapping`, those read by
+    subscript, without a default)."""
+    keys: set[str] = set()
+    required: set[str] = set()
     for node in ast.walk(function):
         if (
             isinstance(node, ast.Subscript)
@@ -31,30 +47,31 @@ def _read_keys(function: ast.AST, mapping: str) -> set[str]:
             and isinstance(node.slice, ast.Constant)
         ):
             keys.add(node.slice.value)
-        if isinstance(node, ast.Call):
-            f = node.func
-            if (
-                isinstance(f, ast.Attribute)
-                and f.attr == "get"
-                and isinstance(f.value, ast.Name)
-                and f.value.id == mapping
-            ):
-                keys.add(node.args[0].value)
-            if isinstance(f, ast.Name) and f.id == "_flag" and node.args:
-                arg = node.args[0]
-                if isinstance(arg, ast.Name) and arg.id == mapping:
-                    keys.add(node.args[1].value)
-    return keys
+            required.add(node.slice.value)
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "get"
+            and isinstance(f.value, ast.Name)
+            and f.value.id == mapping
+        ):
+            keys.add(node.args[0].value)
+        if isinstance(f, ast.Name) and f.id == "_flag" and len(node.args) >= 2:
+            arg = node.args[0]
+            if isinstance(arg, ast.Name) and arg.id == mapping:
+                keys.add(node.args[1].value)
+    return keys, required
 
 
-def loader_keys(source: str) -> tuple[set[str], set[str], set[str]]:
-    """(top-level keys, tier fields, model fields) the loader reads."""
+def loader_keys(source: str) -> LoaderKeys:
     tree = ast.parse(source)
     functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    top = _read_keys(functions["from_mapping"], "d")
-    tier = _read_keys(functions["_tiers"], "spec")
-    model = _read_keys(functions["from_mapping"], "model")
-    return top, tier, model
+    top, required = _reads(functions["from_mapping"], "d")
+    tier, _ = _reads(functions["_tiers"], "spec")
+    model, _ = _reads(functions["from_mapping"], "model")
+    return LoaderKeys(top, required, tier, model)
 
 
 def page_rows(text: str, heading: str) -> dict[str, list[str]]:
@@ -74,33 +91,8 @@ def page_rows(text: str, heading: str) -> dict[str, list[str]]:
     return rows
 
 
-def check(page: str, source: str, s1: dict) -> list[str]:
-    """What is wrong with `page`, one line each."""
-    top, tier, model = loader_keys(source)
-    problems = []
-    rows = page_rows(page, "## Top-level keys")
-    shown = set(rows) | {"rtt_ms", "tiers", "model"} & set(re.findall(r"\[(\w+)", page))
-    for key in sorted(top - shown):
-        problems.append(f"{key}: read by the loader, not on the page")
-    for key in sorted(set(rows) - top):
-        problems.append(f"{key}: on the page, not read by the loader")
-    for key, cells in rows.items():
-        want = "–" if key not in s1 else _shown(s1[key])
-        if cells[3] != want:
-            problems.append(f"{key}: the page shows S1 {cells[3]}, s1.toml has {want}")
-    tier_rows = page_rows(page, "**`[tiers.NAME]`**")
-    if set(tier_rows) != tier:
-        problems.append(f"tier fields: page {sorted(tier_rows)}, loader {sorted(tier)}")
-    for key, cells in tier_rows.items():
-        if cells[3] != _shown(s1["tiers"]["hbm"][key]):
-            problems.append(f"tiers.hbm.{key}: the page shows S1 {cells[3]}")
-    model_rows = page_rows(page, "**`[model]`**")
-    if set(model_rows) != model:
-        problems.append(f"model fields: page {sorted(model_rows)}, loader {sorted(model)}")
-    return problems
-
-
 def _shown(value: object) -> str:
+    """A value as the page writes it: TOML's spelling, text in double quotes."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -110,31 +102,94 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
+def _cell(table: dict, key: str) -> str:
+    return _shown(table[key]) if key in table else ABSENT
+
+
+def check(page: str, source: str, s1: dict, l70: dict) -> list[str]:
+    """What is wrong with `page`, one line each."""
+    keys = loader_keys(source)
+    problems = []
+    rows = page_rows(page, "## Top-level keys")
+    tables = {"rtt_ms", "tiers", "model"} & set(re.findall(r"\*\*`\[(\w+)", page))
+    for key in sorted(keys.top - set(rows) - tables):
+        problems.append(f"{key}: read by the loader, not on the page")
+    for key in sorted(set(rows) - keys.top):
+        problems.append(f"{key}: on the page, not read by the loader")
+    for key, cells in rows.items():
+        if (cells[2] == "required") != (key in keys.required):
+            problems.append(f"{key}: the page's default {cells[2]} disagrees with the loader")
+        for column, name, doc in ((3, "S1", s1), (4, "llama70b", l70)):
+            if cells[column] != _cell(doc, key):
+                problems.append(
+                    f"{key}: the page shows {name} {cells[column]}, the file {_cell(doc, key)}"
+                )
+    tier_rows = page_rows(page, "**`[tiers.NAME]`**")
+    if set(tier_rows) != keys.tier:
+        problems.append(f"tier fields: page {sorted(tier_rows)}, loader {sorted(keys.tier)}")
+    for key, cells in tier_rows.items():
+        want_s1 = " / ".join(_cell(t, key) for t in s1["tiers"].values())
+        want_l70 = " / ".join(_cell(t, key) for t in l70["tiers"].values())
+        if (cells[3], cells[4]) != (want_s1, want_l70):
+            problems.append(
+                f"tiers.*.{key}: the page shows {cells[3]} and {cells[4]}, "
+                f"the files {want_s1} and {want_l70}"
+            )
+    model_rows = page_rows(page, "**`[model]`**")
+    if set(model_rows) != keys.model:
+        problems.append(f"model fields: page {sorted(model_rows)}, loader {sorted(keys.model)}")
+    for key, cells in model_rows.items():
+        want = (_cell(s1.get("model", {}), key), _cell(l70.get("model", {}), key))
+        if (cells[2], cells[3]) != want:
+            problems.append(f"model.{key}: the page shows {cells[2]} and {cells[3]}")
+    return problems
+
+
 @pytest.fixture(scope="module")
-def inputs() -> tuple[str, str, dict]:
-    return PAGE.read_text(), LOADER.read_text(), tomllib.loads(S1.read_text())
+def inputs() -> tuple[str, str, dict, dict]:
+    return (
+        PAGE.read_text(encoding="utf-8"),
+        LOADER.read_text(encoding="utf-8"),
+        tomllib.loads((SHIPPED / "s1.toml").read_text(encoding="utf-8")),
+        tomllib.loads((SHIPPED / "llama70b.toml").read_text(encoding="utf-8")),
+    )
 
 
-def test_the_page_lists_what_the_loader_reads_with_s1s_values(inputs) -> None:
+def test_the_page_lists_what_the_loader_reads_with_the_shipped_values(inputs) -> None:
     assert check(*inputs) == []
 
 
-def test_the_loader_reads_what_the_shipped_files_hold(inputs) -> None:
-    """The key walk finds real keys (the check above is not vacuous)."""
-    _, source, s1 = inputs
-    top, tier, model = loader_keys(source)
-    assert set(s1) <= top and len(top) >= 40
-    assert tier == {"capacity_blocks", "fetch_latency_us", "fetch_bandwidth_mbps"}
-    assert {"layers", "kv_heads", "head_dim", "dtype_bytes", "id"} == model
+def test_the_key_walk_finds_the_dataclass_fields_and_the_shipped_keys(inputs) -> None:
+    """The loader's reads cover every `Scenario` field (each is a key of the same name)
+    and every key of the shipped files, so the check above is not vacuous."""
+    _, source, s1, l70 = inputs
+    keys = loader_keys(source)
+    assert {f.name for f in dataclasses.fields(Scenario)} <= keys.top
+    assert set(s1) | set(l70) <= keys.top
+    assert keys.required == {"sites", "rtt_ms", "tiers", "instances_per_site", "prefill_tps"}
+    assert keys.tier == {"capacity_blocks", "fetch_latency_us", "fetch_bandwidth_mbps"}
+    assert keys.model == {"layers", "kv_heads", "head_dim", "dtype_bytes", "id"}
 
 
 def test_a_missing_a_stray_or_a_wrong_row_is_found(inputs) -> None:
-    page, source, s1 = inputs
+    page, source, s1, l70 = inputs
     missing = re.sub(r"^\| `hot_prefixes` .*\n", "", page, flags=re.M)
-    assert check(missing, source, s1) == ["hot_prefixes: read by the loader, not on the page"]
+    assert check(missing, source, s1, l70) == ["hot_prefixes: read by the loader, not on the page"]
     stray = page.replace("| `name` |", "| `nmae` |", 1)
-    assert "nmae: on the page, not read by the loader" in check(stray, source, s1)
+    assert "nmae: on the page, not read by the loader" in check(stray, source, s1, l70)
     wrong = re.sub(r"(\| `seed` \|[^|]*\|[^|]*\| )1 \|", r"\g<1>2 |", page)
-    assert check(wrong, source, s1) == ["seed: the page shows S1 2, s1.toml has 1"]
+    assert check(wrong, source, s1, l70) == ["seed: the page shows S1 2, the file 1"]
+    wrong_70b = page.replace("| 4096 | 65535 |", "| 4096 | 4096 |", 1)
+    assert check(wrong_70b, source, s1, l70) == [
+        "max_message_bytes: the page shows llama70b 4096, the file 65535"
+    ]
+    wrong_tier = page.replace("| 1000 / 4000 |", "| 1000 / 2000 |", 1)
+    assert len(check(wrong_tier, source, s1, l70)) == 1
+    no_tables = page.replace("**`[rtt_ms]`**", "**rtt**", 1)
+    assert check(no_tables, source, s1, l70) == ["rtt_ms: read by the loader, not on the page"]
     new_key = source.replace('d.get("hot_prefixes", 0)', 'd.get("hot_prefixes", d.get("hp", 0))')
-    assert check(page, new_key, s1) == ["hp: read by the loader, not on the page"]
+    assert check(page, new_key, s1, l70) == ["hp: read by the loader, not on the page"]
+    now_required = source.replace('d.get("seed", 1)', 'd["seed"]')
+    assert check(page, now_required, s1, l70) == [
+        "seed: the page's default 1 disagrees with the loader"
+    ]
