@@ -8,6 +8,11 @@ in part, by a few instances. Measured in one run:
   prompt prefixes do in real traffic), cold (every prompt entirely new: its first key is
   asked of every instance, the rest of the few that hold it), and "new tail" (a held
   prefix followed by blocks never seen); with the summary lookups each decision made;
+- `first_key_probe`: what asking one new key of every instance costs by itself (the
+  compiled pass over all filters, memory reads in ~110 MB at the headline size), per key
+  when the keys come one at a time and 16 at a time (a burst's new prompts asked
+  together), and the cold rate a decision could reach if it cost no more than a warm
+  decision plus that one pass (`cold_bound_decisions_per_s`);
 - `baseline`: the straightforward way — for every instance, probe its summary with all
   128 keys, take the leading run, compute the same TTFT estimate — one Python loop.
 
@@ -126,6 +131,25 @@ def time_calls(fn, reqs, seconds: float, once: bool = False) -> dict[str, float]
     }
 
 
+def first_key_probe(sel: PathSelector, rng: np.random.Generator, warm_p50_ms: float) -> dict:
+    """Microseconds per new key asked of every instance (FleetProbe.held), one key per
+    call and 16 per call, and the cold rate bounded by warm p50 + one single-key pass."""
+    fleet = sel._index[7].fleet
+    out: dict[str, float] = {}
+    for burst in (1, 16):
+        keys = rng.integers(0, 2**63, size=(2048 // burst, burst), dtype=np.uint64)
+        start = time.process_time()
+        for row in keys:
+            fleet.held(row)
+        out[f"us_per_key_{burst}_per_call"] = round(
+            (time.process_time() - start) / keys.size * 1e6, 1
+        )
+    out["cold_bound_decisions_per_s"] = round(
+        1e6 / (out["us_per_key_1_per_call"] + warm_p50_ms * 1000)
+    )
+    return out
+
+
 def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
     rng = np.random.default_rng(7)
     pool_size = 256
@@ -139,6 +163,7 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
         for r in reqs:
             sel.decide(r, now_ms=2)
     out = {"instances": n, "blocks_per_instance": blocks, "setup_s": round(setup_s, 1)}
+
     def measure(case: str, prompts: list[np.ndarray], secs: float, once: bool) -> None:
         reqs_ = [Request(7, keys, PROMPT_BLOCKS * BLOCK, "ingress") for keys in prompts]
         before = lookups(sel)
@@ -157,6 +182,7 @@ def run(n: int, blocks: int, seconds: float, baseline: bool) -> dict:
     held = [pool[i % pool_size][: PROMPT_BLOCKS // 4] for i in range(unique)]
     tailed = [np.concatenate(p) for p in zip(held, tails, strict=True)]
     measure("new_tail", tailed, seconds / 2, once=True)
+    out["first_key_probe"] = first_key_probe(sel, rng, out["selector_warm"]["p50_ms"])
     out["instance_lookups_per_decision_baseline"] = n * PROMPT_BLOCKS
     if baseline:
         out["baseline_loop"] = time_calls(lambda r: baseline_decide(rib, net, r), reqs, seconds)
@@ -196,6 +222,7 @@ def main() -> None:
         for n in (10, 100, 1000, 3000, 10_000):
             r = run(n, 10_000, args.seconds / 2, baseline=n <= 1000)
             print(json.dumps({"benchmark": "selector", "curve": r}), flush=True)
+
 
 if __name__ == "__main__":
     main()
