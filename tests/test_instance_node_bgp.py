@@ -1,9 +1,10 @@
 """`catsproto instance node` into BGP: --signing-key, --group-key and --spool.
 
 The node runs beside a stand-in engine (vLLM's /metrics as captured in
-tests/data/vllm_metrics/idle.txt, KV events from our `VllmEventPublisher`), so no root
-and no real engine are needed. What it spools must verify against a trust file that
-authorises its key, stay fresh for the announcer's lease, and go when the node stops.
+tests/data/vllm_metrics/idle.txt, its /health, KV events from our `VllmEventPublisher`),
+so no root and no real engine are needed. What it spools must verify against a trust
+file that authorises its key, stay fresh for the announcer's lease, and go when the node
+stops or its engine stops answering /health.
 The lab's engine site takes the same step (`adapters/signed_routes.py`), checked here
 without the lab; the usage errors come last."""
 
@@ -101,31 +102,58 @@ def verify(value: bytes, prefix: Any, trust: Any, group: list[Any] | None = None
     )
 
 
+class StandInEngine:
+    """An engine's /metrics (block size 32, 512 KV blocks) and /health on 127.0.0.1, as
+    vLLM's OpenAI server answers them; `healthy` False makes /health answer 503 (vLLM's
+    answer when its engine core has died) while /metrics still answers."""
+
+    def __init__(self) -> None:
+        text = IDLE_METRICS.read_bytes()
+        self.healthy = True
+        self.health_probes = 0
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    engine.health_probes += 1
+                    self.send_response(200 if engine.healthy else 503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 @pytest.fixture
-def engine_metrics() -> Iterator[str]:
-    """An engine's /metrics (block size 32, 512 KV blocks) on 127.0.0.1; its base URL."""
-    text = IDLE_METRICS.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-        def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/metrics" else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+def stand_in() -> Iterator[StandInEngine]:
+    engine = StandInEngine()
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        yield engine
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        engine.close()
+
+
+@pytest.fixture
+def engine_metrics(stand_in: StandInEngine) -> str:
+    """The stand-in engine's base URL."""
+    return stand_in.url
 
 
 def summary_holds(adv: wire.Advertisement, keys: np.ndarray) -> bool:
@@ -238,6 +266,64 @@ def test_the_spool_gets_values_a_trusting_receiver_accepts_and_loses_them_on_sto
     finally:
         assert node.stop() == 0
     assert Spool(spool).read() == {}  # withdrawn: the announcer sends `withdraw route`
+
+
+def test_an_engine_that_stops_answering_has_its_routes_withdrawn_until_it_is_back(
+    keys: dict[str, Any], stand_in: StandInEngine, tmp_path: Path
+) -> None:
+    """/health answering 503 twice in a row (--down-after 2, --health-interval 0.2): the
+    spool is emptied, a JSON line on stderr says so, /state shows the engine down, and
+    nothing is spooled while it is, though the builder refreshes every second. When
+    /health answers again the route is spooled afresh: a newer value that verifies."""
+    spool = tmp_path / "spool"
+    node = Node(
+        "--engine-url",
+        stand_in.url,
+        "--endpoint",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--port",
+        "0",
+        "--api-token-file",
+        str(keys["token"]),
+        "--address",
+        ADDRESS,
+        "--min-interval-ms",
+        "100",
+        "--max-interval-ms",
+        "1000",
+        "--signing-key",
+        str(keys["node"]),
+        "--spool",
+        str(spool),
+        "--health-interval",
+        "0.2",
+        "--down-after",
+        "2",
+    )
+    prefix = ip_network(f"{ADDRESS}/32")
+    try:
+        before = wait_until("a spooled value", lambda: Spool(spool).read().get(prefix))[0]
+        stand_in.healthy = False
+        wait_until("the route withdrawn", lambda: Spool(spool).read() == {}, 10)
+        assert json.loads(node.proc.stderr.readline()) == {  # type: ignore[union-attr]
+            "engine_down": stand_in.url,
+            "failed_probes": 2,
+            "withdrawn": 1,
+        }
+        health = json.loads(http(node.url + "/state")[1])["engine_health"]
+        assert (health["up"], health["times_down"], health["down_after"]) == (False, 1, 2)
+        time.sleep(1.5)  # more than --max-interval-ms: a refresh was due, and dropped
+        assert Spool(spool).read() == {}
+        stand_in.healthy = True
+        after = wait_until("the route spooled again", lambda: Spool(spool).read().get(prefix))[0]
+        assert json.loads(node.proc.stderr.readline()) == {"engine_up": stand_in.url}  # type: ignore[union-attr]
+        old, new = (verify(v, prefix, keys["trust"]) for v in (before, after))
+        assert old.ok and new.ok, new.detail
+        assert new.advertisement.sequence.sequence > old.advertisement.sequence.sequence
+        assert json.loads(http(node.url + "/state")[1])["engine_health"]["up"] is True
+    finally:
+        assert node.stop() == 0
+    assert Spool(spool).read() == {}
 
 
 # ---- the shared step, and the lab's engine site on it ------------------------------------

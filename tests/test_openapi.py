@@ -51,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from catsproto.adapters.engine_health import HealthGate
 from catsproto.adapters.ingress import IngressService, ModelSpec, load_models
 from catsproto.adapters.ingress_http import IngressServer
 from catsproto.adapters.instance import (
@@ -654,7 +655,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         agent = node_agent(watched, hits=scraper.hits)
         closers.append(agent.close)
         node = started(NodeServer(api_token=TOKEN))
-        node.attach(agent, scraper)
+        # the engine's /health as the gate saw it: one probe failed, the next answered
+        answers = iter([False, True])
+        gate = HealthGate(
+            "http://127.0.0.1:8000", lambda: None, lambda: None, probe=lambda _: next(answers)
+        )
+        gate.check(), gate.check()
+        node.attach(agent, scraper, gate)
         node_open = started(NodeServer())
         node_waiting = started(NodeServer(api_token=TOKEN, waiting_for="its engine at http://e:1"))
         stub = StubEngine(PromptTokenizer(TINY_LLAMA))

@@ -90,11 +90,18 @@ class NodeAgent:
         )
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._force = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="c-sma")
 
     def start(self) -> NodeAgent:
         self._thread.start()
         return self
+
+    def readvertise(self) -> None:
+        """Have the next round send every route, dampening or not (the routes were
+        withdrawn meanwhile: an engine that stopped answering is back)."""
+        with self._lock:
+            self._force = True
 
     def step(self, timeout_ms: int = 0) -> list[RouteAdvertisement]:
         """One round: take in events, then ask the builder (exposed for tests)."""
@@ -104,7 +111,10 @@ class NodeAgent:
             except Exception as exc:  # the builder still runs: its refreshes are due anyway
                 self.ingest_errors += 1
                 self.error = f"event ingest: {type(exc).__name__}: {exc}"
-            routes = self.builder.poll(int(time.time() * 1000), self.compute_state())
+            routes = self.builder.poll(
+                int(time.time() * 1000), self.compute_state(), force=self._force
+            )
+            self._force = False
             for r in routes:
                 self.latest[str(r.prefix)] = r
         if routes and self.on_routes is not None:

@@ -3,10 +3,11 @@
     GET /health          {"ok": true, "ready": bool, "unauthorised": N}: open to all;
                          ready once the node runs (it may first wait for its engine)
     GET /state           the node's counters (blocks per tier, gaps, resyncs, refused
-                         payloads, builder) and the engine's last scraped metrics and
-                         scrape errors
+                         payloads, builder), the engine's last scraped metrics and
+                         scrape errors, and whether its /health answers
     GET /advertisements  the latest advertisement per route (hex and JSON)
-    GET /metrics         Prometheus text: the node's metrics and the engine scrapes'
+    GET /metrics         Prometheus text: the node's metrics, the engine scrapes' and
+                         the /health probes'
 
 The three views show the cache, so they follow `instance serve`'s rule
 (`adapters/instance.py`): with an API token they answer only ``Authorization: Bearer
@@ -31,6 +32,7 @@ from catsproto.adapters.http import (
 from catsproto.adapters.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
+    from catsproto.adapters.engine_health import HealthGate
     from catsproto.adapters.instance import NodeAgent
     from catsproto.adapters.vllm_metrics import EngineScraper
 
@@ -62,13 +64,19 @@ class NodeServer(BackgroundHTTPServer):
         self.api_token = api_token
         self.node: NodeAgent | None = None
         self.scraper: EngineScraper | None = None
+        self.engine_health: HealthGate | None = None
         self.waiting_for = waiting_for
         self.unauthorised = 0
         self._count_lock = threading.Lock()
         super().__init__(_handler(self), host, port)
 
-    def attach(self, node: NodeAgent, scraper: EngineScraper | None = None) -> None:
-        self.scraper = scraper
+    def attach(
+        self,
+        node: NodeAgent,
+        scraper: EngineScraper | None = None,
+        health: HealthGate | None = None,
+    ) -> None:
+        self.scraper, self.engine_health = scraper, health
         self.node = node
 
     def count_unauthorised(self) -> None:
@@ -83,13 +91,18 @@ class NodeServer(BackgroundHTTPServer):
         return {
             "node": self.node.state(),
             "engine": self.scraper.state() if self.scraper is not None else None,
+            "engine_health": self.engine_health.state() if self.engine_health else None,
             "http": {**self.stats.to_json(), "unauthorised": self.unauthorised},
         }
 
     def metrics(self) -> bytes:
         assert self.node is not None
         text = self.node.metrics()
-        return text + self.scraper.metrics() if self.scraper is not None else text
+        if self.scraper is not None:
+            text += self.scraper.metrics()
+        if self.engine_health is not None:
+            text += self.engine_health.metrics()
+        return text
 
 
 def _handler(server: NodeServer) -> type[BaseHTTPRequestHandler]:

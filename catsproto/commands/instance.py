@@ -396,7 +396,13 @@ def _positive(name: str, value: float, *, zero: bool = False) -> float:
     return value
 
 
+def _say(line: dict[str, Any]) -> None:
+    """One JSON line on stderr, as the ready line is."""
+    print(json.dumps(line), file=sys.stderr, flush=True)
+
+
 def cmd_node(args: argparse.Namespace) -> int:
+    from catsproto.adapters.engine_health import HealthGate
     from catsproto.adapters.http import token_option
     from catsproto.adapters.instance import NodeAgent
     from catsproto.adapters.node_http import NodeServer
@@ -418,6 +424,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     engine_url = _engine_url(args.engine_url) if args.engine_url else None
     _positive("--engine-wait", args.engine_wait, zero=True)
     _positive("--scrape-interval", args.scrape_interval)
+    _positive("--health-interval", args.health_interval)
+    if args.down_after < 1:
+        raise UsageError(f"--down-after {args.down_after} is not >= 1")
     given_block_size = args.block_size
     if given_block_size is not None and given_block_size < 1:
         raise UsageError(f"--block-size {given_block_size} is not >= 1")
@@ -433,7 +442,27 @@ def cmd_node(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     signed = _signed_routes(args)
     on_routes, sink = _writer(args.adverts_out, signed)
-    server = node = scraper = None
+    server = node = scraper = gate = None
+    routes_lock = threading.Lock()
+
+    def publish(routes: list[RouteAdvertisement]) -> None:
+        # nothing goes out for an engine that does not answer (the gate withdrew its
+        # routes, under the same lock: a publish under way finishes first)
+        with routes_lock:
+            if (gate is None or gate.up) and on_routes is not None:
+                on_routes(routes)
+
+    def engine_down() -> None:
+        with routes_lock:
+            withdrawn = signed.withdraw_all() if signed is not None else 0
+        assert gate is not None
+        _say({"engine_down": engine_url, "failed_probes": gate.in_a_row, "withdrawn": withdrawn})
+
+    def engine_back() -> None:
+        assert node is not None
+        node.readvertise()
+        _say({"engine_up": engine_url})
+
     try:
         try:
             server = NodeServer(
@@ -481,14 +510,21 @@ def cmd_node(args: argparse.Namespace) -> int:
                 BlockKeyer(secret, args.model_id, args.block_size),
                 endpoints,
                 compute_state,
-                on_routes=on_routes,
+                on_routes=publish,
                 hits=hits,
             ).start()
         except Exception as exc:
             raise UsageError(f"cannot start the node: {exc}") from None
         if scraper is not None:
             scraper.start()
-        server.attach(node, scraper)
+            gate = HealthGate(
+                scraper.engine_url,
+                engine_down,
+                engine_back,
+                interval_s=args.health_interval,
+                down_after=args.down_after,
+            ).start()
+        server.attach(node, scraper, gate)
         print(
             json.dumps(
                 {
@@ -509,6 +545,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         )
         stop.wait()
     finally:
+        if gate is not None:
+            gate.close()
         if server is not None:
             server.close()
         if scraper is not None:
@@ -723,7 +761,11 @@ def register(subparsers: Any) -> None:
         "With --engine-url the node waits (--engine-wait) for the engine's /metrics, takes "
         "its block size (a --block-size that differs is refused) and its KV blocks as the "
         "HBM tier's capacity, and scrapes it every --scrape-interval for the queue, KV "
-        "usage and the measured prefill rate it advertises. Without it the node advertises "
+        "usage and the measured prefill rate it advertises. It also asks the engine's "
+        "/health every --health-interval: after --down-after failed probes in a row it "
+        "withdraws every spooled route and publishes nothing (a JSON line on stderr says "
+        "so, /state shows engine_health), and when the engine answers again it sends every "
+        "route afresh. Without --engine-url the node advertises "
         "the configured --tier capacities and --prefill-rate, and --block-size (default "
         f"{DEFAULT_BLOCK_SIZE}) must be the engine's.\n\n"
         "Into BGP: with --signing-key every advertisement is signed for its route (its "
@@ -758,6 +800,19 @@ def register(subparsers: Any) -> None:
         type=float,
         default=1.0,
         help="seconds between two scrapes of the engine's /metrics",
+    )
+    n.add_argument(
+        "--health-interval",
+        type=float,
+        default=1.0,
+        help="with --engine-url: seconds between two probes of the engine's /health",
+    )
+    n.add_argument(
+        "--down-after",
+        type=int,
+        default=3,
+        help="with --engine-url: failed /health probes in a row after which the node "
+        "withdraws its routes until the engine answers again",
     )
     n.add_argument(
         "--endpoint",

@@ -23,12 +23,11 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from catsproto.adapters.engine_health import healthy
 from catsproto.lab.errors import LabError
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -165,15 +164,6 @@ class EngineSpec:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu
         env.update(self.extra_env)
         return env
-
-
-def healthy(url: str, timeout: float = 2.0) -> bool:
-    """True when the engine's ``GET /health`` answers 200."""
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as reply:
-            return bool(reply.status == 200)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
 
 
 def log_tail(path: Path | str, lines: int = 15) -> str:

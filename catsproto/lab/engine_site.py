@@ -12,7 +12,7 @@ BGP, the receivers and the selector cannot tell the two apart (`SignedRoutes`, t
 step `catsproto instance node --signing-key --spool` takes too).
 
 The C-SMA speaks only for a live engine: nothing is announced before the engine's
-``/health`` answers, and an engine that stops answering (``DOWN_AFTER`` probes in a
+``/health`` answers, and an engine that stops answering (`HealthGate`: three probes in a
 row) has every route withdrawn, so the selector stops choosing it once BGP carries
 the withdrawals. When the engine answers again the builder sends everything afresh.
 """
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from catsproto import security
+from catsproto.adapters.engine_health import HealthGate, healthy
 from catsproto.adapters.exabgp_announce import Spool
 from catsproto.adapters.signed_routes import SignedRoutes
 from catsproto.keys import BlockKeyer
-from catsproto.lab.engine import EngineSpec, healthy
+from catsproto.lab.engine import EngineSpec
 from catsproto.lab.topology import InstanceSpec
 from catsproto.node import (
     BuilderConfig,
@@ -47,8 +48,6 @@ ENGINE_PREFILL_TPS = 4_000.0  # until the engine has prefilled enough to measure
 # a real cache evicts under load within a second: its C-SMA may advertise four times a
 # second (the modelled instances' lab default is once), so fewer hits are claimed stale
 ENGINE_MIN_INTERVAL_MS = 250
-DOWN_AFTER = 3  # failed health probes in a row before the routes are withdrawn
-PROBE_S = 1.0
 
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -128,7 +127,6 @@ class EngineCsma:
         # sealed (if the lab is), signed and spooled as a modelled instance's routes
         self.routes = SignedRoutes(signer, group_keys=group_keys, spool=spool)
         self.up = False
-        self.health_failures = 0
         self.withdrawals = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -136,7 +134,9 @@ class EngineCsma:
         self._limits = (min_interval_ms, max_message, as_path_hops, reserve_bytes)
         self.scraper: Any = None  # the engine's /metrics, scraped once it answers
         self.node = self._make_node()
-        self._monitor = threading.Thread(target=self._watch, daemon=True, name="engine-health")
+        # withdraws every route after three failed probes a second apart, and starts a
+        # new C-SMA when the engine answers again
+        self.gate = HealthGate(engine.url, self._down, self._back)
 
     def _make_node(self) -> Any:
         """A C-SMA with a new epoch (the wall-clock second): after the engine was down,
@@ -201,24 +201,18 @@ class EngineCsma:
             time.sleep(0.5)
         return False
 
-    def _watch(self) -> None:
-        fails = 0
-        while not self._stop.wait(PROBE_S):
-            if healthy(self.engine.url):
-                fails = 0
-                if not self.up:  # back: a new C-SMA, a new epoch, everything afresh
-                    old, self.node = self.node, self._make_node()
-                    old.close()
-                    with self._lock:
-                        self.up = True
-                    self.node.start()
-            else:
-                fails += 1
-                self.health_failures += 1
-                if self.up and fails >= DOWN_AFTER:
-                    with self._lock:
-                        self.up = False
-                    self._withdraw_all()
+    def _down(self) -> None:
+        with self._lock:
+            self.up = False
+        self._withdraw_all()
+
+    def _back(self) -> None:
+        """The engine answers again: a new C-SMA, a new epoch, everything afresh."""
+        old, self.node = self.node, self._make_node()
+        old.close()
+        with self._lock:
+            self.up = True
+        self.node.start()
 
     def start(self) -> EngineCsma:
         """Start the C-SMA (its engine answers by now: `wait_ready`): the engine's load
@@ -238,7 +232,7 @@ class EngineCsma:
         self.scraper = EngineScraper(self.engine.url, first, ENGINE_PREFILL_TPS).start()
         self.up = True
         self.node.start()
-        self._monitor.start()
+        self.gate.start()
         return self
 
     def state(self) -> dict[str, Any]:
@@ -246,7 +240,7 @@ class EngineCsma:
             "instance": self.spec.name,
             "engine": self.engine.url,
             "up": self.up,
-            "health_failures": self.health_failures,
+            "health_failures": self.gate.failures,
             "withdrawals": self.withdrawals,
             "routes": len(self.routes.spooled),
             "scrape": self.scraper.state() if self.scraper is not None else None,
@@ -255,8 +249,7 @@ class EngineCsma:
 
     def close(self) -> None:
         self._stop.set()
-        if self._monitor.is_alive():
-            self._monitor.join(timeout=3)
+        self.gate.close()
         self.node.close()
         if self.scraper is not None:
             self.scraper.close()
