@@ -15,7 +15,9 @@ Paths: loopback, and a veth pair between two network namespaces built here (tagg
 this process's PID, torn down in `finally`) with tbf at `--rate` on both ends (this
 kernel has no netem, so no delay can be added; see adapters/netns.py). Prints one JSON
 object: payload Mbit/s per path and mode, tls/plain and tls/raw_tcp ratios, and on the
-shaped link each mode's fraction of the link rate (target: tls >= 0.80).
+shaped link each mode's fraction of the link rate (target: tls >= 0.80). Also
+`digest_mb_per_s`: SHA-256 (the block digest) and BLAKE2b hashing one block's bytes in
+this process, and their ratio (why the digest is SHA-256: docs/transfer.md).
 """
 
 from __future__ import annotations
@@ -323,6 +325,24 @@ def namespace_pair(run_dir: Path, rate: str):
         assert not leftover_namespaces(lab.tag), "namespaces left behind"
 
 
+def digest_rates(block_bytes: int, seconds: float = 0.5) -> dict[str, float]:
+    """MB/s of SHA-256 and BLAKE2b over one block's worth of bytes, interleaved in
+    rounds (the best round of each kept), and sha256 / blake2b."""
+    import hashlib
+
+    payload = os.urandom(block_bytes)
+    best = {"sha256": 0.0, "blake2b": 0.0}
+    for _ in range(5):
+        for name in best:
+            n, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds / 5:
+                hashlib.new(name, payload).digest()
+                n += 1
+            best[name] = max(best[name], n * block_bytes / elapsed / 1e6)
+    out = {name: round(rate) for name, rate in best.items()}
+    return {**out, "sha256_over_blake2b": round(best["sha256"] / best["blake2b"], 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=128)
@@ -343,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict[str, Any] = {
         "benchmark": "transfer",
+        "digest_mb_per_s": digest_rates(args.block_bytes),
         "payload_bytes": args.blocks * args.block_bytes,
         "blocks": args.blocks,
         "block_bytes": args.block_bytes,
