@@ -1,8 +1,10 @@
 """docs/scenarios.md against the scenario loader: every key `Scenario.from_mapping` reads
 is on the page and every key on the page is read; a key is "required" on the page exactly
 when the loader reads it without a default; the tier and model tables list the fields the
-loader reads of them; the S1 and llama70b columns show the shipped files' values. The
-keys come from the loader's code (its `d["key"]`, `d.get("key")` and `_flag(d, "key")`,
+loader reads of them; the S1 and llama70b columns show the shipped files' values; a
+number's range on the page is the one its reader in the loader checks. The
+keys come from the loader's code (its `d["key"]`, `d.get("key")` and its readers,
+`_flag(d, "key")`, `_whole(d, "key", default)` and `_real(d, "key", default)`,
 checked against the `Scenario` dataclass's fields), not from a list kept here, so a new
 key without a row fails. The last test feeds the checker broken pages and loaders."""
 
@@ -25,6 +27,9 @@ PAGE = ROOT / "docs" / "scenarios.md"
 LOADER = ROOT / "catsproto" / "sim" / "scenario.py"
 SHIPPED = ROOT / "catsproto" / "sim" / "scenarios"
 ABSENT = "–"  # a cell for a key the shipped file leaves out
+# the loader's readers of one key, `reader(mapping, "key", default, ...)`; a number
+# reader given None for its default reads a required key
+READERS = ("_flag", "_whole", "_real")
 
 
 class LoaderKeys(NamedTuple):
@@ -58,10 +63,14 @@ def _reads(function: ast.AST, mapping: str) -> tuple[set[str], set[str]]:
             and f.value.id == mapping
         ):
             keys.add(node.args[0].value)
-        if isinstance(f, ast.Name) and f.id == "_flag" and len(node.args) >= 2:
+        if isinstance(f, ast.Name) and f.id in READERS and len(node.args) >= 2:
             arg = node.args[0]
             if isinstance(arg, ast.Name) and arg.id == mapping:
-                keys.add(node.args[1].value)
+                key = node.args[1].value
+                keys.add(key)
+                default = node.args[2] if len(node.args) >= 3 else None
+                if isinstance(default, ast.Constant) and default.value is None:
+                    required.add(key)  # a number reader with no default: required
     return keys, required
 
 
@@ -72,6 +81,42 @@ def loader_keys(source: str) -> LoaderKeys:
     tier, _ = _reads(functions["_tiers"], "spec")
     model, _ = _reads(functions["from_mapping"], "model")
     return LoaderKeys(top, required, tier, model)
+
+
+def _range(call: ast.Call) -> str:
+    """What a number reader call accepts, as the page's values column says it."""
+    kw = {
+        k.arg: ast.literal_eval(k.value)
+        for k in call.keywords
+        if k.arg in ("low", "high", "positive", "inf")
+    }
+    if call.func.id == "_whole":  # type: ignore[attr-defined]
+        low, high = kw.get("low", 0), kw.get("high")
+        return f"integer {low}..{high}" if high is not None else f"integer ≥ {low}"
+    text = "number > 0" if kw.get("positive") else "number ≥ 0"
+    return text + (", or inf" if kw.get("inf") else "")
+
+
+def loader_ranges(source: str) -> dict[str, dict[str, str]]:
+    """(`top`, `tier`, `model`) -> key -> the range its number reader accepts."""
+    tree = ast.parse(source)
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    out: dict[str, dict[str, str]] = {"top": {}, "tier": {}, "model": {}}
+    for table, function, mapping in (
+        ("top", "from_mapping", "d"),
+        ("tier", "_tiers", "spec"),
+        ("model", "from_mapping", "model"),
+    ):
+        for node in ast.walk(functions[function]):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("_whole", "_real")
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == mapping
+            ):
+                out[table][node.args[1].value] = _range(node)
+    return out
 
 
 def page_rows(text: str, heading: str) -> dict[str, list[str]]:
@@ -124,7 +169,14 @@ def check(page: str, source: str, s1: dict, l70: dict) -> list[str]:
                 problems.append(
                     f"{key}: the page shows {name} {cells[column]}, the file {_cell(doc, key)}"
                 )
+    ranges = loader_ranges(source)
+    for key, want in ranges["top"].items():
+        if key in rows and not rows[key][1].startswith(want):
+            problems.append(f"{key}: the page says {rows[key][1]}, the loader takes {want}")
     tier_rows = page_rows(page, "**`[tiers.NAME]`**")
+    for key, want in ranges["tier"].items():
+        if key in tier_rows and not tier_rows[key][1].startswith(want):
+            problems.append(f"tiers.*.{key}: the page says {tier_rows[key][1]}, the loader {want}")
     if set(tier_rows) != keys.tier:
         problems.append(f"tier fields: page {sorted(tier_rows)}, loader {sorted(keys.tier)}")
     for key, cells in tier_rows.items():
@@ -136,6 +188,9 @@ def check(page: str, source: str, s1: dict, l70: dict) -> list[str]:
                 f"the files {want_s1} and {want_l70}"
             )
     model_rows = page_rows(page, "**`[model]`**")
+    for key, want in ranges["model"].items():
+        if key in model_rows and not model_rows[key][1].startswith(want):
+            problems.append(f"model.{key}: the page says {model_rows[key][1]}, the loader {want}")
     if set(model_rows) != keys.model:
         problems.append(f"model fields: page {sorted(model_rows)}, loader {sorted(keys.model)}")
     for key, cells in model_rows.items():
@@ -187,9 +242,23 @@ def test_a_missing_a_stray_or_a_wrong_row_is_found(inputs) -> None:
     assert len(check(wrong_tier, source, s1, l70)) == 1
     no_tables = page.replace("**`[rtt_ms]`**", "**rtt**", 1)
     assert check(no_tables, source, s1, l70) == ["rtt_ms: read by the loader, not on the page"]
-    new_key = source.replace('d.get("hot_prefixes", 0)', 'd.get("hot_prefixes", d.get("hp", 0))')
+    new_key = source.replace(
+        '_whole(d, "hot_prefixes", 0)', '_whole(d, "hot_prefixes", d.get("hp", 0))'
+    )
     assert check(page, new_key, s1, l70) == ["hp: read by the loader, not on the page"]
-    now_required = source.replace('d.get("seed", 1)', 'd["seed"]')
+    loose = page.replace("| `snapshot_every` | integer ≥ 1 |", "| `snapshot_every` | integer |")
+    assert check(loose, source, s1, l70) == [
+        "snapshot_every: the page says integer, the loader takes integer ≥ 1"
+    ]
+    stricter = source.replace(
+        '_real(d, "per_hop_ms", 1.0)', '_real(d, "per_hop_ms", 1.0, positive=True)'
+    )
+    assert check(page, stricter, s1, l70) == [
+        "per_hop_ms: the page says number ≥ 0, the loader takes number > 0"
+    ]
+    now_required = source.replace(
+        '_whole(d, "snapshot_every", 8', '_whole(d, "snapshot_every", None'
+    )
     assert check(page, now_required, s1, l70) == [
-        "seed: the page's default 1 disagrees with the loader"
+        "snapshot_every: the page's default 8 disagrees with the loader"
     ]

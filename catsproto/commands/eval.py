@@ -168,10 +168,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         dest="overrides",
         help="override one scenario key, repeatable, e.g. --set seed=3 --set "
-        "physical_arrival=true (dotted keys reach tables: --set rtt_ms.A-D=30); the keys "
-        "are those of the scenario files in catsproto/sim/scenarios, explained there "
-        "and in docs/evaluation.md; seed=N is the scenario's seed (filters, signing keys, "
-        "selectors), not --seed",
+        "physical_arrival=true (dotted keys reach tables: --set rtt_ms.A-D=30); every key, "
+        "its values and its default: docs/scenarios.md; a bad value stops the run naming "
+        "the key; seed=N is the scenario's seed (filters, signing keys, selectors), not "
+        "--seed",
     )
     p.add_argument("--limit", type=int, metavar="N", help="use only the first N requests (N >= 1)")
     p.add_argument(

@@ -102,64 +102,71 @@ class Scenario:
         _require_mapping(raw)
         d = dict(raw)
         try:
-            sites = tuple(str(s) for s in d["sites"])
+            if not isinstance(d["sites"], list | tuple) or not all(
+                isinstance(site, str) for site in d["sites"]
+            ):
+                raise ScenarioError(f"sites must be a list of names, not {d['sites']!r}")
+            sites = tuple(d["sites"])
             if len(set(sites)) != len(sites) or not sites:
                 raise ScenarioError("sites must be distinct and not empty")
-            rtt = _rtt_table(sites, d["rtt_ms"], float(d.get("intra_site_rtt_ms", 1.0)))
+            _require_mapping(d["rtt_ms"], "rtt_ms")
+            rtt = _rtt_table(sites, d["rtt_ms"], _real(d, "intra_site_rtt_ms", 1.0))
+            _require_mapping(d["tiers"], "tiers")
             tiers = _tiers(d["tiers"])
-            block = int(d.get("block_tokens", 512))
+            block = _whole(d, "block_tokens", 512, low=1)
             model = d.get("model")
             if model is not None:
+                _require_mapping(model, "model")
                 shape = ModelShape(
-                    int(model["layers"]),
-                    int(model["kv_heads"]),
-                    int(model["head_dim"]),
-                    int(model["dtype_bytes"]),
+                    _whole(model, "layers", None, low=1, where="model."),
+                    _whole(model, "kv_heads", None, low=1, where="model."),
+                    _whole(model, "head_dim", None, low=1, where="model."),
+                    _whole(model, "dtype_bytes", None, low=1, where="model."),
                     block,
                 )
                 bytes_per_block = shape.bytes_per_block
                 model_id = str(model.get("id", "model"))
             else:
-                bytes_per_block = int(d.get("bytes_per_block", 0))
+                bytes_per_block = _whole(d, "bytes_per_block", 0)
                 model_id = str(d.get("model_id", "model"))
             kind = d.get("summary_kind")
             sc = cls(
                 name=str(d.get("name", "scenario")),
                 sites=sites,
                 rtt_ms=rtt,
-                instances_per_site=int(d["instances_per_site"]),
+                instances_per_site=_whole(d, "instances_per_site", None, low=1),
                 tiers=tiers,
                 block_tokens=block,
-                prefill_tps=float(d["prefill_tps"]),
+                prefill_tps=_real(d, "prefill_tps", None, positive=True),
                 bytes_per_block=bytes_per_block,
-                link_bandwidth_mbps=float(d.get("link_bandwidth_mbps", 100_000)),
+                link_bandwidth_mbps=_real(d, "link_bandwidth_mbps", 100_000, positive=True),
                 remote_kv=_flag(d, "remote_kv", False),
-                ingress_index=int(d.get("ingress_index", 1)),
-                speedup=float(d.get("speedup", 1.0)),
-                update_interval_ms=int(d.get("update_interval_ms", 1000)),
-                refresh_interval_ms=int(d.get("refresh_interval_ms", 30_000)),
-                change_threshold=float(d.get("change_threshold", 0.05)),
-                score_threshold=int(d.get("score_threshold", 1)),
-                wait_threshold_ms=float(d.get("wait_threshold_ms", 100.0)),
+                ingress_index=_whole(d, "ingress_index", 1),
+                speedup=_real(d, "speedup", 1.0, positive=True),
+                update_interval_ms=_whole(d, "update_interval_ms", 1000),
+                refresh_interval_ms=_whole(d, "refresh_interval_ms", 30_000, low=1),
+                change_threshold=_real(d, "change_threshold", 0.05),
+                score_threshold=_whole(d, "score_threshold", 1, low=1),
+                wait_threshold_ms=_real(d, "wait_threshold_ms", 100.0, positive=True, inf=True),
                 main_on_summary_change=_flag(d, "main_on_summary_change", True),
-                per_hop_ms=float(d.get("per_hop_ms", 1.0)),
+                per_hop_ms=_real(d, "per_hop_ms", 1.0),
                 propagation=_flag(d, "propagation", True),
                 sharded=_flag(d, "sharded", True),
                 selector_site=_optional_site(d.get("selector_site"), sites),
                 decision_rtt=_flag(d, "decision_rtt", True),
-                target_fpr=float(d.get("target_fpr", 0.01)),
+                target_fpr=_real(d, "target_fpr", 0.01),
                 summary_kind=_summary_kind(kind),
-                snapshot_every=int(d.get("snapshot_every", 8)),
-                max_message_bytes=int(d.get("max_message_bytes", 4096)),
-                hot_prefixes=int(d.get("hot_prefixes", 0)),
-                request_bytes_per_token=float(d.get("request_bytes_per_token", 0.0)),
-                selector_spread_ms=float(d.get("selector_spread_ms", 0.0)),
+                snapshot_every=_whole(d, "snapshot_every", 8, low=1),
+                max_message_bytes=_whole(d, "max_message_bytes", 4096, low=1, high=65535),
+                hot_prefixes=_whole(d, "hot_prefixes", 0),
+                request_bytes_per_token=_real(d, "request_bytes_per_token", 0.0),
+                selector_spread_ms=_real(d, "selector_spread_ms", 0.0),
                 selector_peers=_flag(d, "selector_peers", False),
                 site_dispatch=_flag(d, "site_dispatch", False),
-                site_sticky_ms=float(d.get("site_sticky_ms", 0.0)),
+                site_sticky_ms=_real(d, "site_sticky_ms", 0.0),
                 site_bounce=_flag(d, "site_bounce", False),
                 shortest_first=_shortest_first(d.get("shortest_first", "none")),
-                remote_margin_ms=float(d.get("remote_margin_ms", 0.0)),
+                remote_margin_ms=_real(d, "remote_margin_ms", 0.0),
                 overflow_signal=_flag(d, "overflow_signal", False),
                 arrival_spread=_spread(d.get("arrival_spread", False)),
                 physical_arrival=_flag(d, "physical_arrival", False),
@@ -277,11 +284,60 @@ class Scenario:
 _KIND_NAMES = {"exact": 1, "bloom": 2, "fuse": 3}
 
 
-def _require_mapping(raw: object) -> None:
+def _require_mapping(raw: object, key: str = "") -> None:
     if not isinstance(raw, Mapping):
+        what = key or "a scenario"
         raise ScenarioError(
-            f"a scenario must be a mapping (a TOML table or JSON object), not {type(raw).__name__}"
+            f"{what} must be a mapping (a TOML table or JSON object), not {type(raw).__name__}"
         )
+
+
+def _whole(
+    d: Mapping[str, Any],
+    key: str,
+    default: int | None,
+    *,
+    low: int = 0,
+    high: int | None = None,
+    where: str = "",
+) -> int:
+    """An integer key (a whole float such as 4096.0 counts) in low..high; a boolean, a
+    string, a fraction or a value out of range is refused naming the key. `default`
+    None: the key is required."""
+    value = d[key] if default is None else d.get(key, default)
+    name = where + key
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{name} must be an integer, not {value!r}")
+    if value < low or (high is not None and value > high):
+        allowed = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ScenarioError(f"{name} {value} is not {allowed}")
+    return value
+
+
+def _real(
+    d: Mapping[str, Any],
+    key: str,
+    default: float | None,
+    *,
+    positive: bool = False,
+    inf: bool = False,
+) -> float:
+    """A number key, >= 0 (> 0 if `positive`), finite unless `inf` (there infinity
+    means "never"); NaN, a boolean or a string is refused naming the key."""
+    value = d[key] if default is None else d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{key} must be a number, not {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond any float
+        v = math.inf
+    if math.isnan(v) or (v == math.inf and not inf) or not (v > 0 if positive else v >= 0):
+        allowed = "> 0" if positive else ">= 0"
+        finite = "" if inf else "finite "
+        raise ScenarioError(f"{key} {value!r} is not a {finite}number {allowed}")
+    return v
 
 
 def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -360,6 +416,8 @@ def _rtt_table(
         a, sep, b = str(name).partition("-")
         if not sep or a not in sites or b not in sites or a == b:
             raise ScenarioError(f"rtt_ms key {name!r} is not 'X-Y' for two distinct sites")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0, not {value!r}")
         v = float(value)
         if v < 0 or not math.isfinite(v):
             raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0")
@@ -378,12 +436,14 @@ def _tiers(raw: Mapping[str, Any]) -> tuple[TierConfig, ...]:
             tier = Tier[name.upper()]
         except KeyError:
             raise ScenarioError(f"unknown tier {name!r} (hbm, dram, ssd, remote)") from None
+        where = f"tiers.{name}."
+        _require_mapping(spec, where[:-1])
         out.append(
             TierConfig(
                 tier,
-                int(spec["capacity_blocks"]),
-                int(spec.get("fetch_latency_us", 0)),
-                int(spec.get("fetch_bandwidth_mbps", 0)),
+                _whole(spec, "capacity_blocks", None, where=where),
+                _whole(spec, "fetch_latency_us", 0, where=where),
+                _whole(spec, "fetch_bandwidth_mbps", 0, where=where),
             )
         )
     out.sort(key=lambda t: t.tier)
