@@ -131,6 +131,23 @@ def _building(state: Path, stage: str) -> bool:
     return stage == "namespaces" or bool(doc["processes"])
 
 
+def test_an_interrupt_between_the_state_file_and_the_build_leaves_no_run_directory(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C after `up` wrote the run directory's state.json but before the build
+    started (the test below sends it the moment state.json appears, and once landed
+    there): the directory goes all the same. The interrupt is raised where it landed."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "Lab", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.up(LAB / "cats4.clab.yml", tmp_path, tag="iwindow")
+    assert not (tmp_path / "iwindow").exists()
+    assert netns.leftover_namespaces("iwindow") == []
+
+
 @pytest.mark.parametrize("stage", ["namespaces", "daemons"])
 def test_ctrl_c_while_lab_up_builds_is_one_line_exit_130_and_leaves_nothing(tmp_path, stage):
     """SIGINT while the lab is being built: `interrupted` on one line, exit 130, no

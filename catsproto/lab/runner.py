@@ -321,22 +321,39 @@ def up(
     `engine_sites` is a real engine (`with_engines`; the lab then runs from that
     topology, written into its run directory)."""
     tag = tag or netns.lab_tag()
-    if engine is not None:
-        topology_path = engine_topology(topology_path, Path(root) / tag, engine, engine_sites)
-    topology = load(topology_path)
-    handle = netns.NetnsLab(Path(root) / tag, tag, str(Path(topology_path).resolve()))
-    handle.state.info["sealed"] = seal
-    if engine_blocks is not None:
-        handle.state.info["engine_blocks"] = engine_blocks
-    lab = Lab(topology, handle, str(topology_path))
+    run_dir = Path(root) / tag
+    handle: netns.NetnsLab | None = None
+    # Ctrl-C from the first thing written on: the run directory and its state.json
+    # appear before the handle is named, and must go all the same
     with noting_interrupts() as interrupted:
         try:
+            if engine is not None:
+                topology_path = engine_topology(topology_path, run_dir, engine, engine_sites)
+            topology = load(topology_path)
+            handle = netns.NetnsLab(run_dir, tag, str(Path(topology_path).resolve()))
+            handle.state.info["sealed"] = seal
+            if engine_blocks is not None:
+                handle.state.info["engine_blocks"] = engine_blocks
+            lab = Lab(topology, handle, str(topology_path))
             _build(lab, feed, feed_interval, instance_args)
             interrupted.check()
         except BaseException as exc:  # an error or Ctrl-C: leave nothing that blocks the tag
-            discard(handle, keep_logs=not isinstance(exc, KeyboardInterrupt))
+            if handle is None:
+                handle = _made_here(run_dir)
+            if handle is not None:
+                discard(handle, keep_logs=not isinstance(exc, KeyboardInterrupt))
             raise
     return lab
+
+
+def _made_here(run_dir: Path) -> netns.NetnsLab | None:
+    """The handle of the lab this process started in `run_dir` (its state says so), if
+    one was made before the code that made it could keep it; else None."""
+    try:
+        state = netns.load_state(run_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return netns.NetnsLab.attach(state) if state.owner_pid == os.getpid() else None
 
 
 def engine_topology(path: str | Path, run_dir: Path, engine: str, sites: tuple[int, ...]) -> Path:
