@@ -1,10 +1,11 @@
 """docs/scenarios.md against the scenario loader: every key `Scenario.from_mapping` reads
 is on the page and every key on the page is read; a key is "required" on the page exactly
 when the loader reads it without a default; the tier and model tables list the fields the
-loader reads of them; the S1 and llama70b columns show the shipped files' values; a
-number's range on the page is the one its reader in the loader checks. The
-keys come from the loader's code (its `d["key"]`, `d.get("key")` and its readers,
-`_flag(d, "key")`, `_whole(d, "key", default)` and `_real(d, "key", default)`,
+loader reads of them; the S1 and llama70b columns show the shipped files' values; the
+range a number or text key has on the page (its values column, up to a note in
+parentheses) is the one its reader in the loader checks. The keys come from the loader's
+code (its `d["key"]`, `d.get("key")` and its readers, `_flag(d, "key")`,
+`_whole(d, "key", default)`, `_real(d, "key", default)` and `_text(d, "key", default)`,
 checked against the `Scenario` dataclass's fields), not from a list kept here, so a new
 key without a row fails. The last test feeds the checker broken pages and loaders."""
 
@@ -27,9 +28,10 @@ PAGE = ROOT / "docs" / "scenarios.md"
 LOADER = ROOT / "catsproto" / "sim" / "scenario.py"
 SHIPPED = ROOT / "catsproto" / "sim" / "scenarios"
 ABSENT = "–"  # a cell for a key the shipped file leaves out
-# the loader's readers of one key, `reader(mapping, "key", default, ...)`; a number
-# reader given None for its default reads a required key
-READERS = ("_flag", "_whole", "_real")
+# the loader's readers of one key, `reader(mapping, "key", default, ...)`; a reader
+# given None for its default reads a required key
+READERS = ("_flag", "_whole", "_real", "_text")
+RANGED = ("_whole", "_real", "_text")  # the readers whose keywords give a range
 
 
 class LoaderKeys(NamedTuple):
@@ -70,7 +72,7 @@ def _reads(function: ast.AST, mapping: str) -> tuple[set[str], set[str]]:
                 keys.add(key)
                 default = node.args[2] if len(node.args) >= 3 else None
                 if isinstance(default, ast.Constant) and default.value is None:
-                    required.add(key)  # a number reader with no default: required
+                    required.add(key)  # a reader with no default: required
     return keys, required
 
 
@@ -83,24 +85,42 @@ def loader_keys(source: str) -> LoaderKeys:
     return LoaderKeys(top, required, tier, model)
 
 
-def _range(call: ast.Call) -> str:
-    """What a number reader call accepts, as the page's values column says it."""
+def _range(call: ast.Call, constants: dict[str, object]) -> str:
+    """What a reader call accepts, as the page's values column says it; a keyword's
+    value is a literal or one of the module's constants (`high=_U32`)."""
     kw = {
-        k.arg: ast.literal_eval(k.value)
+        k.arg: constants[k.value.id] if isinstance(k.value, ast.Name) else ast.literal_eval(k.value)
         for k in call.keywords
-        if k.arg in ("low", "high", "positive", "inf")
+        if k.arg in ("low", "high", "positive", "inf", "below")
     }
+    low, high = kw.get("low", 0), kw.get("high")
     if call.func.id == "_whole":  # type: ignore[attr-defined]
-        low, high = kw.get("low", 0), kw.get("high")
         return f"integer {low}..{high}" if high is not None else f"integer ≥ {low}"
+    if call.func.id == "_text":  # type: ignore[attr-defined]
+        return f"text, {low}..{high} bytes" if high is not None else "text"
     text = "number > 0" if kw.get("positive") else "number ≥ 0"
+    if kw.get("below") is not None:
+        text += f", below {kw['below']:g}"
     return text + (", or inf" if kw.get("inf") else "")
 
 
+def _says(cell: str, want: str) -> bool:
+    """Whether a values cell states the range `want`, alone or before a note: `(...)`,
+    or `: ...` (``number > 0, or inf: never``)."""
+    return cell == want or cell.startswith((want + " (", want + ":"))
+
+
 def loader_ranges(source: str) -> dict[str, dict[str, str]]:
-    """(`top`, `tier`, `model`) -> key -> the range its number reader accepts."""
+    """(`top`, `tier`, `model`) -> key -> the range its reader accepts."""
     tree = ast.parse(source)
     functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     out: dict[str, dict[str, str]] = {"top": {}, "tier": {}, "model": {}}
     for table, function, mapping in (
         ("top", "from_mapping", "d"),
@@ -111,11 +131,11 @@ def loader_ranges(source: str) -> dict[str, dict[str, str]]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id in ("_whole", "_real")
+                and node.func.id in RANGED
                 and isinstance(node.args[0], ast.Name)
                 and node.args[0].id == mapping
             ):
-                out[table][node.args[1].value] = _range(node)
+                out[table][node.args[1].value] = _range(node, constants)
     return out
 
 
@@ -171,11 +191,11 @@ def check(page: str, source: str, s1: dict, l70: dict) -> list[str]:
                 )
     ranges = loader_ranges(source)
     for key, want in ranges["top"].items():
-        if key in rows and not rows[key][1].startswith(want):
+        if key in rows and not _says(rows[key][1], want):
             problems.append(f"{key}: the page says {rows[key][1]}, the loader takes {want}")
     tier_rows = page_rows(page, "**`[tiers.NAME]`**")
     for key, want in ranges["tier"].items():
-        if key in tier_rows and not tier_rows[key][1].startswith(want):
+        if key in tier_rows and not _says(tier_rows[key][1], want):
             problems.append(f"tiers.*.{key}: the page says {tier_rows[key][1]}, the loader {want}")
     if set(tier_rows) != keys.tier:
         problems.append(f"tier fields: page {sorted(tier_rows)}, loader {sorted(keys.tier)}")
@@ -189,7 +209,7 @@ def check(page: str, source: str, s1: dict, l70: dict) -> list[str]:
             )
     model_rows = page_rows(page, "**`[model]`**")
     for key, want in ranges["model"].items():
-        if key in model_rows and not model_rows[key][1].startswith(want):
+        if key in model_rows and not _says(model_rows[key][1], want):
             problems.append(f"model.{key}: the page says {model_rows[key][1]}, the loader {want}")
     if set(model_rows) != keys.model:
         problems.append(f"model fields: page {sorted(model_rows)}, loader {sorted(keys.model)}")
@@ -256,6 +276,16 @@ def test_a_missing_a_stray_or_a_wrong_row_is_found(inputs) -> None:
     assert check(page, stricter, s1, l70) == [
         "per_hop_ms: the page says number ≥ 0, the loader takes number > 0"
     ]
+    no_bound = source.replace('"model_id", "model", low=1, high=255)', '"model_id", "model")')
+    assert check(page, no_bound, s1, l70) == [
+        "model_id: the page says text, 1..255 bytes, the loader takes text"
+    ]
+    wider = source.replace('"target_fpr", 0.01, below=1)', '"target_fpr", 0.01, below=2)')
+    assert check(page, wider, s1, l70) == [
+        "target_fpr: the page says number ≥ 0, below 1, the loader takes number ≥ 0, below 2"
+    ]
+    u64 = source.replace("_U32 = 0xFFFF_FFFF", "_U32 = 0xFFFF_FFFF_FFFF_FFFF")
+    assert len(check(page, u64, s1, l70)) == 4  # block_tokens, bytes_per_block, tier costs
     now_required = source.replace(
         '_whole(d, "snapshot_every", 8', '_whole(d, "snapshot_every", None'
     )

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from catsproto.node import ModelShape
+from catsproto.summary import Summary
+from catsproto.summary.base import unique_keys
 from catsproto.wire import Tier
 
 __all__ = [
@@ -30,6 +32,13 @@ __all__ = [
 
 
 SEED_MAX = (1 << 64) - 1  # the u64 seed field of a summary filter
+_U32 = 0xFFFF_FFFF  # a u32 field of the wire: block size, bytes per block, a tier's costs
+# The simulator's address plan (catsproto/sim/control.py, aggregate.py): instance j of
+# site s is 10.(s+1).0.(j+1), instance i's shard routes 10.255.i.0/24, and 10.254.*
+# holds the sites' own shard routes.
+_MAX_SITES = 253
+_MAX_INSTANCES_PER_SITE = 255
+_MAX_SHARDED_INSTANCES = 256
 
 
 class ScenarioError(ValueError):
@@ -102,18 +111,12 @@ class Scenario:
         _require_mapping(raw)
         d = dict(raw)
         try:
-            if not isinstance(d["sites"], list | tuple) or not all(
-                isinstance(site, str) for site in d["sites"]
-            ):
-                raise ScenarioError(f"sites must be a list of names, not {d['sites']!r}")
-            sites = tuple(d["sites"])
-            if len(set(sites)) != len(sites) or not sites:
-                raise ScenarioError("sites must be distinct and not empty")
+            sites = _sites(d["sites"])
             _require_mapping(d["rtt_ms"], "rtt_ms")
             rtt = _rtt_table(sites, d["rtt_ms"], _real(d, "intra_site_rtt_ms", 1.0))
             _require_mapping(d["tiers"], "tiers")
             tiers = _tiers(d["tiers"])
-            block = _whole(d, "block_tokens", 512, low=1)
+            block = _whole(d, "block_tokens", 512, low=1, high=_U32)
             model = d.get("model")
             if model is not None:
                 _require_mapping(model, "model")
@@ -125,16 +128,23 @@ class Scenario:
                     block,
                 )
                 bytes_per_block = shape.bytes_per_block
-                model_id = str(model.get("id", "model"))
+                if bytes_per_block > _U32:
+                    raise ScenarioError(
+                        "model.layers x kv_heads x head_dim x 2 x dtype_bytes x block_tokens "
+                        f"= {bytes_per_block} bytes per block, above {_U32} (a u32 on the wire)"
+                    )
+                model_id = _text(model, "id", "model", low=1, high=255, where="model.")
             else:
-                bytes_per_block = _whole(d, "bytes_per_block", 0)
-                model_id = str(d.get("model_id", "model"))
+                bytes_per_block = _whole(d, "bytes_per_block", 0, high=_U32)
+                model_id = _text(d, "model_id", "model", low=1, high=255)
             kind = d.get("summary_kind")
             sc = cls(
-                name=str(d.get("name", "scenario")),
+                name=_text(d, "name", "scenario"),
                 sites=sites,
                 rtt_ms=rtt,
-                instances_per_site=_whole(d, "instances_per_site", None, low=1),
+                instances_per_site=_whole(
+                    d, "instances_per_site", None, low=1, high=_MAX_INSTANCES_PER_SITE
+                ),
                 tiers=tiers,
                 block_tokens=block,
                 prefill_tps=_real(d, "prefill_tps", None, positive=True),
@@ -154,7 +164,7 @@ class Scenario:
                 sharded=_flag(d, "sharded", True),
                 selector_site=_optional_site(d.get("selector_site"), sites),
                 decision_rtt=_flag(d, "decision_rtt", True),
-                target_fpr=_real(d, "target_fpr", 0.01),
+                target_fpr=_real(d, "target_fpr", 0.01, below=1),
                 summary_kind=_summary_kind(kind),
                 snapshot_every=_whole(d, "snapshot_every", 8, low=1),
                 max_message_bytes=_whole(d, "max_message_bytes", 4096, low=1, high=65535),
@@ -171,7 +181,7 @@ class Scenario:
                 arrival_spread=_spread(d.get("arrival_spread", False)),
                 physical_arrival=_flag(d, "physical_arrival", False),
                 seed=_seed(d.get("seed", 1)),
-                secret=str(d.get("secret", "catsproto-eval-secret-0001")).encode(),
+                secret=_text(d, "secret", "catsproto-eval-secret-0001", low=16, high=64).encode(),
                 model_id=model_id,
             )
         except KeyError as exc:
@@ -184,22 +194,74 @@ class Scenario:
         return sc
 
     def validate(self) -> None:
-        if self.instances_per_site < 1:
-            raise ScenarioError("instances_per_site must be >= 1")
-        if self.prefill_tps <= 0 or self.speedup <= 0 or self.block_tokens < 1:
-            raise ScenarioError("prefill_tps, speedup and block_tokens must be > 0")
+        """The rules across keys, and again those of single keys for a `Scenario` made
+        without `from_mapping`; each message names the key and the value."""
+        if not 1 <= self.instances_per_site <= _MAX_INSTANCES_PER_SITE:
+            raise ScenarioError(
+                f"instances_per_site {self.instances_per_site} is not 1..{_MAX_INSTANCES_PER_SITE}"
+            )
+        if len(self.sites) > _MAX_SITES:
+            raise ScenarioError(
+                f"sites: {len(self.sites)} sites, the simulator's address plan has room "
+                f"for {_MAX_SITES}"
+            )
+        if self.sharded and self.n_instances > _MAX_SHARDED_INSTANCES:
+            raise ScenarioError(
+                f"sharded: {len(self.sites)} sites x instances_per_site "
+                f"{self.instances_per_site} = {self.n_instances} instances, but shard "
+                f"routes (10.255.i.0/24) number at most {_MAX_SHARDED_INSTANCES}; "
+                "fewer instances or sharded = false"
+            )
+        for key in ("prefill_tps", "speedup"):
+            value = getattr(self, key)
+            if not 0 < value < math.inf:  # NaN too
+                raise ScenarioError(f"{key} {value!r} is not a finite number > 0")
+        if self.block_tokens < 1:
+            raise ScenarioError(f"block_tokens {self.block_tokens} is not >= 1")
         if self.update_interval_ms < 0 or self.refresh_interval_ms <= 0:
-            raise ScenarioError("update_interval_ms must be >= 0, refresh_interval_ms > 0")
+            raise ScenarioError(
+                f"update_interval_ms {self.update_interval_ms} must be >= 0, "
+                f"refresh_interval_ms {self.refresh_interval_ms} > 0"
+            )
         if self.update_interval_ms > self.refresh_interval_ms:
-            raise ScenarioError("update_interval_ms must not exceed refresh_interval_ms")
+            raise ScenarioError(
+                f"update_interval_ms {self.update_interval_ms} exceeds refresh_interval_ms "
+                f"{self.refresh_interval_ms}: the least time between updates must not be "
+                "above the most"
+            )
         if not 0 <= self.target_fpr < 1:
-            raise ScenarioError("target_fpr must be in [0, 1)")
-        if self.tiers[0].capacity_blocks < 1:
-            raise ScenarioError("the first tier needs room for at least one block")
+            raise ScenarioError(f"target_fpr {self.target_fpr!r} is not in [0, 1)")
+        # can the named kind meet the rate at all (Bloom needs > 0, fuse a rate its
+        # fingerprints reach, 1e-9 but not 1e-12)? The number of keys does not matter.
+        if self.summary_kind is not None and self.summary_kind not in Summary.estimates(
+            unique_keys([1]), self.target_fpr
+        ):
+            kind = {code: name for name, code in _KIND_NAMES.items()}[self.summary_kind]
+            raise ScenarioError(
+                f"summary_kind {kind} cannot meet target_fpr {self.target_fpr!r} "
+                "(exact meets every rate; auto picks a kind that meets it)"
+            )
+        first = self.tiers[0]
+        if first.capacity_blocks < 1:
+            raise ScenarioError(
+                f"tiers.{first.tier.name.lower()}.capacity_blocks {first.capacity_blocks}: "
+                "the first tier needs room for at least one block"
+            )
+        if self.bytes_per_block > 0:
+            for t in self.tiers:
+                # HBM is never fetched from (it is where a prefix is used); a pull
+                # (remote_kv) reads from any tier
+                used = t.tier is not Tier.HBM or self.remote_kv
+                if used and t.fetch_bandwidth_mbps == 0:
+                    raise ScenarioError(
+                        f"tiers.{t.tier.name.lower()}.fetch_bandwidth_mbps 0 with "
+                        f"bytes_per_block {self.bytes_per_block}: a fetch or pull from it "
+                        "would never end; give it >= 1 (or bytes_per_block 0)"
+                    )
         if not 0 <= self.seed <= SEED_MAX:
             raise ScenarioError(f"seed {self.seed} outside 0..{SEED_MAX}")
         if len(self.secret) < 16 or len(self.secret) > 64:
-            raise ScenarioError("secret must be 16..64 bytes")
+            raise ScenarioError(f"secret is {len(self.secret)} bytes, not 16..64")
         if self.site_dispatch and self.selector_peers and self.selector_site is None:
             raise ScenarioError(
                 "selector_peers applies to the flat selector only: the two-level decision "
@@ -323,9 +385,11 @@ def _real(
     *,
     positive: bool = False,
     inf: bool = False,
+    below: float | None = None,
 ) -> float:
-    """A number key, >= 0 (> 0 if `positive`), finite unless `inf` (there infinity
-    means "never"); NaN, a boolean or a string is refused naming the key."""
+    """A number key, >= 0 (> 0 if `positive`) and under `below` if given, finite unless
+    `inf` (there infinity means "never"); NaN, a boolean or a string is refused naming
+    the key. `default` None: the key is required."""
     value = d[key] if default is None else d.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScenarioError(f"{key} must be a number, not {value!r}")
@@ -333,11 +397,44 @@ def _real(
         v = float(value)
     except OverflowError:  # an integer beyond any float
         v = math.inf
-    if math.isnan(v) or (v == math.inf and not inf) or not (v > 0 if positive else v >= 0):
+    if (
+        math.isnan(v)
+        or (v == math.inf and not inf)
+        or not (v > 0 if positive else v >= 0)
+        or (below is not None and not v < below)
+    ):
         allowed = "> 0" if positive else ">= 0"
         finite = "" if inf else "finite "
-        raise ScenarioError(f"{key} {value!r} is not a {finite}number {allowed}")
+        under = f" and below {below:g}" if below is not None else ""
+        raise ScenarioError(f"{key} {value!r} is not a {finite}number {allowed}{under}")
     return v
+
+
+def _text(
+    d: Mapping[str, Any],
+    key: str,
+    default: str | None,
+    *,
+    low: int = 0,
+    high: int | None = None,
+    where: str = "",
+) -> str:
+    """A text key of low..high bytes of UTF-8. A number is taken as its text (``--set
+    name=2024`` reads 2024 as a number); a boolean, a list or a table is refused."""
+    value = d[key] if default is None else d.get(key, default)
+    name = where + key
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ScenarioError(f"{name} must be text, not {value!r}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, from JSON's \ud800
+        raise ScenarioError(f"{name} is not UTF-8 text") from None
+    if size < low or (high is not None and size > high):
+        allowed = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ScenarioError(f"{name} is {size} bytes of UTF-8, not {allowed}")
+    return value
 
 
 def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -400,6 +497,25 @@ def _spread(value: Any) -> str:
     raise ScenarioError(f"arrival_spread {value!r} is not false, true, even or random")
 
 
+def _sites(value: Any) -> tuple[str, ...]:
+    """Distinct site names, at least one: each non-empty text without "-" (an rtt_ms key
+    is X-Y) and not "ingress" (what selector_site says for a C-PS at every ingress)."""
+    if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
+        raise ScenarioError(f"sites must be a list of names, not {value!r}")
+    for site in value:
+        if not site or "-" in site or site == "ingress":
+            raise ScenarioError(
+                f"sites: {site!r} is not a site name (not empty, no '-', not 'ingress')"
+            )
+    if len(set(value)) != len(value) or not value:
+        raise ScenarioError(f"sites must be distinct and not empty, not {value!r}")
+    if len(value) > _MAX_SITES:
+        raise ScenarioError(
+            f"sites: {len(value)} sites, the simulator's address plan has room for {_MAX_SITES}"
+        )
+    return tuple(value)
+
+
 def _optional_site(value: Any, sites: Sequence[str]) -> str | None:
     if value in (None, "", "ingress"):
         return None
@@ -418,9 +534,12 @@ def _rtt_table(
             raise ScenarioError(f"rtt_ms key {name!r} is not 'X-Y' for two distinct sites")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0, not {value!r}")
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an integer beyond any float
+            v = math.inf
         if v < 0 or not math.isfinite(v):
-            raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0")
+            raise ScenarioError(f"rtt_ms {name} must be a finite number >= 0, not {value!r}")
         table[(a, b)] = table[(b, a)] = v
     for a in sites:
         for b in sites:
@@ -430,25 +549,27 @@ def _rtt_table(
 
 
 def _tiers(raw: Mapping[str, Any]) -> tuple[TierConfig, ...]:
-    out = []
+    out: list[TierConfig] = []
     for name, spec in raw.items():
         try:
-            tier = Tier[name.upper()]
+            tier = Tier[str(name).upper()]
         except KeyError:
             raise ScenarioError(f"unknown tier {name!r} (hbm, dram, ssd, remote)") from None
+        if any(t.tier is tier for t in out):
+            raise ScenarioError(f"tiers: {name!r} names the {tier.name} tier a second time")
         where = f"tiers.{name}."
         _require_mapping(spec, where[:-1])
         out.append(
             TierConfig(
                 tier,
                 _whole(spec, "capacity_blocks", None, where=where),
-                _whole(spec, "fetch_latency_us", 0, where=where),
-                _whole(spec, "fetch_bandwidth_mbps", 0, where=where),
+                _whole(spec, "fetch_latency_us", 0, high=_U32, where=where),
+                _whole(spec, "fetch_bandwidth_mbps", 0, high=_U32, where=where),
             )
         )
     out.sort(key=lambda t: t.tier)
     if not out:
-        raise ScenarioError("a scenario needs at least one tier")
+        raise ScenarioError("tiers: a scenario needs at least one tier")
     return tuple(out)
 
 
