@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from catsproto.adapters.trace import SCENARIO_DIR, load_scenario
-from catsproto.sim import Scenario, ScenarioError, apply_overrides
+from catsproto.sim import Scenario, ScenarioError, TraceRequest, apply_overrides
 from tests.test_scenario_reference import LOADER, loader_keys
 
 U32 = 0xFFFF_FFFF
@@ -288,3 +288,29 @@ def test_a_pair_given_both_ways_takes_the_later() -> None:
     """As docs/scenarios.md says: `--set rtt_ms.B-A=30` on S1 (which has A-B) changes A-B."""
     sc = Scenario.from_mapping(apply_overrides(load_scenario("s1"), ["rtt_ms.B-A=30"]))
     assert sc.rtt("A", "B") == sc.rtt("B", "A") == 30.0
+
+
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
+        (100, "max_message_bytes 100: instance A1's advertisement at 0 ms does not fit: budget"),
+        (600, r"max_message_bytes 600: instance [A-D][1-4]'s advertisement at \d+ ms does not"),
+    ],
+)
+def test_a_message_size_an_advertisement_cannot_fit_stops_the_run_naming_it(
+    size: int, says: str
+) -> None:
+    """In range, yet too small for what the run must advertise (how small depends on the
+    cache, so only a run finds it): a ScenarioError naming the key, not a traceback from
+    the builder. 100 bytes leave no room for any summary; 600 fit S1's first summaries,
+    not those of caches a few hundred blocks full."""
+    from catsproto.sim import run_policy
+    from tests.test_sim import prepared
+
+    sc = Scenario.from_mapping(with_values("s1", max_message_bytes=size))
+    requests = [
+        TraceRequest(500.0 * i, 512 * 100, 1, tuple(range(100 * i, 100 * i + 100)))
+        for i in range(200)
+    ]
+    with pytest.raises(ScenarioError, match=says):
+        run_policy("catsproto", prepared(sc, requests), sc, seed=1)

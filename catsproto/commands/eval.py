@@ -293,6 +293,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--report {args.report}: {exc.strerror or exc}") from None
     try:
         return _run(args, seeds, requests, base, started)
+    except ScenarioError as exc:  # found by a run: an advertisement its messages cannot hold
+        discard_report_dirs(made)
+        raise UsageError(str(exc)) from None
     except BaseException:  # interrupted or failed: no empty report folder of ours stays
         discard_report_dirs(made)
         raise

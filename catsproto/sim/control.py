@@ -29,7 +29,13 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from catsproto import wire
-from catsproto.node import AdvertisementBuilder, BuilderConfig, ComputeState, DampeningPolicy
+from catsproto.node import (
+    AdvertisementBuilder,
+    AdvertisementTooLarge,
+    BuilderConfig,
+    ComputeState,
+    DampeningPolicy,
+)
 from catsproto.security import (
     Policy,
     Receiver,
@@ -41,8 +47,8 @@ from catsproto.security import (
 )
 from catsproto.selector import RIB, Link, Network, Path, PathSelector, SelectorConfig
 from catsproto.sim.cluster import Cluster, ceil_ms
-from catsproto.sim.scenario import Scenario
-from catsproto.summary import KIND_EXACT, Summary
+from catsproto.sim.scenario import Scenario, ScenarioError
+from catsproto.summary import KIND_EXACT, NoRoomError, Summary
 
 __all__ = ["CS_ID", "ControlPlane", "ControlStats", "ingress_node"]
 
@@ -301,7 +307,14 @@ class ControlPlane:
                 continue
             self._polled[i] = state
             self.stats.polls += 1
-            routes = builder.poll(t, state, force=force)
+            try:
+                routes = builder.poll(t, state, force=force)
+            except (AdvertisementTooLarge, NoRoomError) as exc:  # the scenario's, not a bug
+                raise ScenarioError(
+                    f"max_message_bytes {self.sc.max_message_bytes}: instance "
+                    f"{self.sc.instance_names()[i]}'s advertisement at {t} ms does not fit: "
+                    f"{exc}"
+                ) from None
             if builder.dampener.last_sent_ms == t:  # what receivers were told at t
                 self._sent[i] = (t, builder.cache.used_blocks())
                 if any(r.prefix == builder.main_prefix for r in routes):

@@ -21,6 +21,7 @@ from catsproto.summary.exact import ExactSummary
 from catsproto.summary.fuse import FuseSummary
 from catsproto.summary.shard import (
     ENTRY_OVERHEAD,
+    NoRoomError,
     Shard,
     ShardedSender,
     ShardUpdate,
@@ -44,6 +45,7 @@ __all__ = [
     "ExactSummary",
     "FuseSummary",
     "LayeredView",
+    "NoRoomError",
     "Outcome",
     "Shard",
     "ShardUpdate",

@@ -129,9 +129,14 @@ class Shard:
         return ENTRY_OVERHEAD + self.summary.size()
 
 
+class NoRoomError(ValueError):
+    """The message size leaves a summary entry no room at all (a configuration that
+    cannot work, whatever the cache holds)."""
+
+
 def _check_budget(budget_bytes: int) -> None:
     if budget_bytes <= ENTRY_OVERHEAD:
-        raise ValueError(
+        raise NoRoomError(
             f"budget of {budget_bytes} bytes leaves no room for a summary "
             f"(an entry's own fields take {ENTRY_OVERHEAD})"
         )
@@ -222,8 +227,11 @@ class ShardedSender:
         self._next_version = first
         self._senders = [
             SummarySender(
-                self.target_fpr, kind=self.kind, seed=self.seed,
-                snapshot_every=self.snapshot_every, first_version=first,
+                self.target_fpr,
+                kind=self.kind,
+                seed=self.seed,
+                snapshot_every=self.snapshot_every,
+                first_version=first,
             )
             for _ in range(1 << shard_bits)
         ]
@@ -251,8 +259,9 @@ class ShardedSender:
     def _try(self, ukeys: np.ndarray, snapshot: frozenset[int]) -> list[ShardUpdate] | None:
         trial = [copy.copy(s) for s in self._senders]
         out: list[ShardUpdate] = []
-        for i, (sender, part) in enumerate(zip(trial, split_keys(ukeys, self.shard_bits),
-                                               strict=True)):
+        for i, (sender, part) in enumerate(
+            zip(trial, split_keys(ukeys, self.shard_bits), strict=True)
+        ):
             update = sender.update(part, force_snapshot=i in snapshot)
             if update is None:
                 continue
