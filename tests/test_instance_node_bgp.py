@@ -167,21 +167,16 @@ def summary_holds(adv: wire.Advertisement, keys: np.ndarray) -> bool:
 # ---- the node, signed and spooled ---------------------------------------------------------
 
 
-def test_the_spool_gets_values_a_trusting_receiver_accepts_and_loses_them_on_stop(
-    keys: dict[str, Any], engine_metrics: str, tmp_path: Path
-) -> None:
-    """Signed by the node key, sealed under group key 7: accepted against the trust file,
-    the cache section opened with the group key (holding the engine's blocks) and sealed
-    without it; --adverts-out writes the same signed values; each route's file is
-    rewritten at least once per --max-interval-ms; after SIGTERM the spool is empty."""
-    spool = tmp_path / "spool"
-    adverts = tmp_path / "adverts.jsonl"
-    events = free_port()
-    node = Node(
+def signed_node(engine: str, events: int, keys: dict[str, Any], *more: str) -> Node:
+    """`instance node` beside the engine at `engine`, its KV events bound on port
+    `events` of 127.0.0.1 (no *: vLLM would connect, so the node binds), serving on a
+    free port with the token, advertising ADDRESS at most every 0.1 s and at least
+    every second, signed by the node key; `more` options after those."""
+    return Node(
         "--engine-url",
-        engine_metrics,
+        engine,
         "--endpoint",
-        f"tcp://127.0.0.1:{events}",  # no *: vLLM would connect, so the node binds
+        f"tcp://127.0.0.1:{events}",
         "--port",
         "0",
         "--api-token-file",
@@ -192,10 +187,28 @@ def test_the_spool_gets_values_a_trusting_receiver_accepts_and_loses_them_on_sto
         "100",
         "--max-interval-ms",
         "1000",
-        "--change-threshold",
-        "0",
         "--signing-key",
         str(keys["node"]),
+        *more,
+    )
+
+
+def test_the_spool_gets_values_a_trusting_receiver_accepts_and_loses_them_on_stop(
+    keys: dict[str, Any], engine_metrics: str, tmp_path: Path
+) -> None:
+    """Signed by the node key, sealed under group key 7: accepted against the trust file,
+    the cache section opened with the group key (holding the engine's blocks) and sealed
+    without it; --adverts-out writes the same signed values; each route's file is
+    rewritten at least once per --max-interval-ms; after SIGTERM the spool is empty."""
+    spool = tmp_path / "spool"
+    adverts = tmp_path / "adverts.jsonl"
+    events = free_port()
+    node = signed_node(
+        engine_metrics,
+        events,
+        keys,
+        "--change-threshold",
+        "0",
         "--group-key",
         str(keys["group"]),
         "--spool",
@@ -276,23 +289,10 @@ def test_an_engine_that_stops_answering_has_its_routes_withdrawn_until_it_is_bac
     nothing is spooled while it is, though the builder refreshes every second. When
     /health answers again the route is spooled afresh: a newer value that verifies."""
     spool = tmp_path / "spool"
-    node = Node(
-        "--engine-url",
+    node = signed_node(
         stand_in.url,
-        "--endpoint",
-        f"tcp://127.0.0.1:{free_port()}",
-        "--port",
-        "0",
-        "--api-token-file",
-        str(keys["token"]),
-        "--address",
-        ADDRESS,
-        "--min-interval-ms",
-        "100",
-        "--max-interval-ms",
-        "1000",
-        "--signing-key",
-        str(keys["node"]),
+        free_port(),
+        keys,
         "--spool",
         str(spool),
         "--health-interval",
