@@ -91,7 +91,9 @@ class NodeServer(BackgroundHTTPServer):
         return {
             "node": self.node.state(),
             "engine": self.scraper.state() if self.scraper is not None else None,
-            "engine_health": self.engine_health.state() if self.engine_health else None,
+            "engine_health": (
+                self.engine_health.state() if self.engine_health is not None else None
+            ),
             "http": {**self.stats.to_json(), "unauthorised": self.unauthorised},
         }
 
