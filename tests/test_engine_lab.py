@@ -106,18 +106,29 @@ def ask_engine(lab: runner.Lab, tmp: Path, address: str, prompts: list[Any]) -> 
     return result
 
 
-def claimed_blocks(lab: runner.Lab, address: str, text: str) -> int:
-    """Leading blocks of `text` that e1's RIB (what BGP delivered, verified) says the
-    engine at `address` holds."""
+def summary_holds(lab: runner.Lab, address: str, text: str) -> np.ndarray:
+    """Per block of `text`, whether e1's RIB (what BGP delivered, verified) says the
+    engine at `address` holds it (none if the engine has no route)."""
     feed = RibFeed(lab.rib_file("e1"))
     feed.refresh(int(time.time() * 1000))
     table = feed.rib.services.get(ENGINE_CS_ID)
     inst = table.by_address.get(ipaddress.ip_address(address)) if table else None
-    if inst is None:
-        return 0
     keys = np.array(KEYER.block_keys(TOKENIZER.completion_ids(text)), dtype=np.uint64)
-    held = inst.lookup(keys) != 0
+    if inst is None:
+        return np.zeros(len(keys), dtype=bool)
+    held: np.ndarray = inst.lookup(keys) != 0
+    return held
+
+
+def claimed_blocks(lab: runner.Lab, address: str, text: str) -> int:
+    """Leading blocks of `text` that e1's RIB says the engine at `address` holds."""
+    held = summary_holds(lab, address, text)
     return int(np.argmin(held)) if not held.all() else len(held)
+
+
+# A summary is a filter (1 % false positives): after an eviction it may still pass a
+# few of a prompt's ~37 blocks by chance (4 or more: under 1e-3). More is no eviction.
+FALSE_POSITIVES_ALLOWED = 3
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -175,7 +186,11 @@ def test_an_eviction_reaches_the_selector_through_bgp(lab, tmp_path):
     # fill the engine's 512 blocks with other prompts until vLLM evicts the first
     fillers = [conversation(f"fill-{os.getpid()}-{i}", turns=i) for i in range(16)]
     ask_engine(lab, tmp_path, NEAR, fillers)
-    wait_until(lambda: claimed_blocks(lab, NEAR, prompt) == 0, 30, "eviction advertised")
+    wait_until(
+        lambda: summary_holds(lab, NEAR, prompt).sum() <= FALSE_POSITIVES_ALLOWED,
+        30,
+        "eviction advertised",
+    )
     # and it was a real eviction: vLLM itself no longer has the prefix
     (again,) = ask_engine(lab, tmp_path, NEAR, [prompt])
     assert again["cached_tokens"] == 0
