@@ -523,7 +523,8 @@ def cmd_node(args: argparse.Namespace) -> int:
                 engine_back,
                 interval_s=args.health_interval,
                 down_after=args.down_after,
-            ).start()
+            )
+            gate.start()  # named first: its callbacks read `gate`
         server.attach(node, scraper, gate)
         print(
             json.dumps(
