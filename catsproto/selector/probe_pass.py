@@ -5,8 +5,9 @@ Strategy. A decision at a thousand sites asks a few keys of thousands of shard r
 vector operations that was some 30 numpy calls and their temporaries per pass, and on
 cold caches the buffer reads waited one after another. Here one compiled loop walks the
 asked slots' rows, bisects each row's shard range into the sorted keys, and tests the
-pairs in batches: first the slot positions and fingerprints of 64 pairs, then all their
-buffer reads, which the processor overlaps. The hashing is that of
+pairs in batches: first the slot positions and fingerprints of 64 pairs, each pair's four
+cache lines requested (a prefetch) as soon as its positions are known, then all their
+buffer reads, which by then are under way together. The hashing is that of
 `FuseSummary.contains_many` (`_slots_of`, `_member`), the only copy of it in the selector.
 Types are fixed by the signatures (compiled once, cached beside the module): a caller
 passing anything else gets a TypeError, never a silent second version. Pure: no clocks,
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from catsproto.selector.fuse_rows import (
     P_FOUR,
@@ -90,6 +94,30 @@ def _listed(corr: np.ndarray, lo: int, hi: int, x: int) -> bool:
         else:
             top = mid
     return a < hi and corr[a] == x
+
+
+@intrinsic
+def _prefetch(typingctx, buf, at):
+    """Ask the memory system for the cache line of buf[at] now, without waiting for it
+    (a hint: no fault, no effect on any value)."""
+
+    def codegen(context, builder, signature, args):
+        buf_type, _ = signature.args
+        array = context.make_array(buf_type)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, buf_type, array, [args[1]])
+        i32 = ir.IntType(32)
+        # llvm.prefetch(address, read, keep in all levels, data cache)
+        name = "llvm.prefetch.p0"
+        if not getattr(ptr.type, "is_opaque", True):  # an LLVM with typed pointers
+            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+            name = "llvm.prefetch.p0i8"
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), name
+        )
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return numba.types.void(buf, at), codegen
 
 
 _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parallelism)
@@ -192,6 +220,8 @@ def probe_pass(
                 continue
             for q in range(a, b):
                 fingerprint[queued] = _slots_of(ks[q], p, at, queued)
+                for w in range(4):
+                    _prefetch(buf, at[queued, w])
                 alphabet[queued] = p[P_M]
                 key_of[queued] = order[q]
                 column_of[queued] = column
