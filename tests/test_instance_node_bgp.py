@@ -45,6 +45,7 @@ from tests.test_instance_node import (
     http,
     wait_until,
 )
+from tests.test_vllm_events import reopened
 
 F = fixture()  # the operator, the node key and group key 7
 IDLE_METRICS = Path(__file__).parent / "data" / "vllm_metrics" / "idle.txt"
@@ -105,10 +106,11 @@ def verify(value: bytes, prefix: Any, trust: Any, group: list[Any] | None = None
 class StandInEngine:
     """An engine's /metrics (block size 32, 512 KV blocks) and /health on 127.0.0.1, as
     vLLM's OpenAI server answers them; `healthy` False makes /health answer 503 (vLLM's
-    answer when its engine core has died) while /metrics still answers."""
+    answer when its engine core has died) while /metrics still answers; `restart` makes
+    /metrics say another process serves it (its process start time)."""
 
     def __init__(self) -> None:
-        text = IDLE_METRICS.read_bytes()
+        self.metrics = IDLE_METRICS.read_bytes()  # what /metrics answers (a test may swap it)
         self.healthy = True
         self.health_probes = 0
         engine = self
@@ -124,6 +126,7 @@ class StandInEngine:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                text = engine.metrics
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(text)))
@@ -135,6 +138,13 @@ class StandInEngine:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
+
+    def restart(self, started_s: float) -> None:
+        line = b"process_start_time_seconds 1.79636070774e+09"
+        assert line in IDLE_METRICS.read_bytes()
+        self.metrics = IDLE_METRICS.read_bytes().replace(
+            line, f"process_start_time_seconds {started_s!r}".encode()
+        )
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -324,6 +334,77 @@ def test_an_engine_that_stops_answering_has_its_routes_withdrawn_until_it_is_bac
     finally:
         assert node.stop() == 0
     assert Spool(spool).read() == {}
+
+
+def test_a_restarted_engine_is_told_by_its_start_time_and_its_old_blocks_go(
+    keys: dict[str, Any], stand_in: StandInEngine, tmp_path: Path
+) -> None:
+    """Engine A stores prompt 0; the spool claims it. A new process B on the same
+    endpoints stores prompt 1 before the node's subscription reaches it: no batch of
+    B's arrives, so its sequence cannot tell. Its /metrics can: the start time moved.
+    The node says so on stderr, forgets A's blocks and replays B's: the spool then
+    claims prompt 1 and not prompt 0, and /state counts the restart."""
+    spool = tmp_path / "spool"
+    events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    node = signed_node(
+        stand_in.url,
+        int(events.rsplit(":", 1)[1]),
+        keys,
+        "--replay-endpoint",
+        replay,
+        "--scrape-interval",
+        "0.2",
+        "--change-threshold",
+        "0",
+        "--spool",
+        str(spool),
+    )
+    prefix = ip_network(f"{ADDRESS}/32")
+    keyer = BlockKeyer(bytes.fromhex(SECRET), MODEL_ID, ENGINE_BLOCK)
+    prompts = [list(range(p * 1000, p * 1000 + 3 * ENGINE_BLOCK)) for p in (0, 1)]
+    blocks = [np.array(keyer.block_keys(t), dtype=np.uint64) for t in prompts]
+
+    def stores(p: int) -> list[Any]:
+        tokens = prompts[p]
+        return [
+            stored_event(
+                [p * 10 + b + 1], p * 10 + b if b else None, tokens[b * 32 : (b + 1) * 32], 32
+            )
+            for b in range(3)
+        ]
+
+    def spooled(holding: int, not_holding: int) -> Any:
+        value = Spool(spool).read().get(prefix, (b"", 0.0))[0]
+        if not value:
+            return None
+        verdict = verify(value, prefix, keys["trust"])
+        assert verdict.ok, verdict.detail
+        adv = verdict.advertisement
+        ok = summary_holds(adv, blocks[holding]) and not summary_holds(adv, blocks[not_holding])
+        return adv if ok else None
+
+    try:
+        with VllmEventPublisher(events, replay) as a:
+
+            def joined() -> bool:  # a PUB drops what it sends before the SUB is there
+                a.publish(time.time(), [])
+                _, body = http(node.url + "/state")
+                return json.loads(body)["node"]["ingest"]["batches"] > 0
+
+            wait_until("the node taking in a batch", joined)
+            a.publish(time.time(), stores(0))
+            wait_until("prompt 0 in a spooled value", lambda: spooled(0, 1))
+        with reopened(events, replay, None) as b:
+            b.publish(time.time(), stores(1), lose=True)  # before any subscription
+            stand_in.restart(1.8e9)
+            wait_until("prompt 1, and not prompt 0, in a spooled value", lambda: spooled(1, 0), 10)
+        said = json.loads(node.proc.stderr.readline())  # type: ignore[union-attr]
+        assert said == {"engine_restarted": stand_in.url, "process_start_time_s": 1.8e9}
+        state = json.loads(http(node.url + "/state")[1])
+        assert state["engine"]["restarts"] == 1
+        assert state["node"]["subscriber"]["engine_restarts"] == 1
+    finally:
+        assert node.stop() == 0
 
 
 # ---- the shared step, and the lab's engine site on it ------------------------------------

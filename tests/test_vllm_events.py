@@ -703,6 +703,60 @@ def test_a_node_started_late_gets_every_block_by_replay(ctx: zmq.Context, legacy
     assert snapshot(cache)[Tier.HBM] == keys and len(keys) == 62
 
 
+def reopened(endpoint: str, replay: str, ctx: zmq.Context | None) -> VllmEventPublisher:
+    """A publisher on the endpoints one just closed used (its replay port is free once
+    ZeroMQ's own thread has closed the old socket)."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return VllmEventPublisher(endpoint, replay, context=ctx)
+        except zmq.ZMQError:
+            assert time.monotonic() < deadline, f"{replay} still in use"
+            time.sleep(0.05)
+
+
+def test_a_restart_the_sequence_cannot_show_is_undone_when_the_node_is_told(
+    ctx: zmq.Context,
+) -> None:
+    """Engine A stores 3 blocks of prompt 0. A new process B on the same endpoints stores
+    prompt 1 (4 blocks) and more, all before the subscription reaches it; its first batch
+    that gets through has a sequence beyond A's next one, so it reads as a gap, and the
+    replay lays B's later batches on A's blocks: prompt 0 stays claimed, prompt 1 is
+    missing (what a node that only reads sequences advertises). Told of the new process
+    (the start time in its /metrics), the subscriber forgets A's blocks and replays B's
+    from 0: prompt 1 exactly, and B's next batch applies in turn."""
+    batches, _ = prompt_batches(2, 4)
+    keys0 = KEYER.block_keys(list(range(3 * BS)))
+    keys1 = KEYER.block_keys([1000 + t for t in range(4 * BS)])
+    cache = new_cache()
+    base = free_base_port(2)  # the node binds (vLLM connects to a named host), as in a lab
+    endpoint, replay = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"
+    [ep] = subscriber_endpoints(endpoint, replay, [0], "127.0.0.1")
+    sub = VllmEventSubscriber(VllmIngest(cache, KEYER), [ep], context=ctx)
+    with VllmEventPublisher(endpoint, replay, context=ctx) as a:
+        sent_by_a = wait_first_batch(sub, a) + 3
+        for events in batches[:3]:
+            a.publish(1.0, events)
+        drain(sub, sent_by_a)
+    with sub, reopened(endpoint, replay, ctx) as b:
+        for events in batches[4:8] + [[]] * sent_by_a:  # B's sequence passes A's
+            b.publish(2.0, events, lose=True)
+        seen, gaps = sub.ingest.stats.batches, sub.stats.gaps
+        deadline = time.monotonic() + 5
+        while sub.ingest.stats.batches == seen:  # until one of B's gets through
+            assert time.monotonic() < deadline, sub.stats
+            b.publish(2.0, [])
+            sub.poll(50)
+        assert (sub.stats.restarts, sub.stats.gaps - gaps, sub.stats.failed_recoveries) == (0, 1, 0)
+        assert snapshot(cache)[Tier.HBM] == set(keys0)  # A's blocks, B's prompt missing
+        assert sub.engine_restarted() >= 4 + sent_by_a and sub.stats.engine_restarts == 1
+        assert snapshot(cache)[Tier.HBM] == set(keys1)
+        b.publish(3.0, [removed_event([104])])  # prompt 1's last block
+        drain(sub, sub.ingest.stats.batches + 1)
+        assert snapshot(cache)[Tier.HBM] == set(keys1[:3])
+        assert sub.stats.failed_recoveries == 0 and sub.stats.restarts == 0
+
+
 # ---- failed recoveries: warned, counted, resynced -----------------------------------------
 
 

@@ -75,6 +75,7 @@ def test_the_idle_capture_parses_to_the_engines_own_figures() -> None:
         request_prefill_kv_computed_tokens_sum=33379.0,
         request_prefill_kv_computed_tokens_count=16.0,
         request_inference_time_seconds_sum=6.169481991999646,
+        process_start_time_seconds=1.79636070774e09,
     )
     assert m.prefix_hit_ratio == pytest.approx(1472 / 34851)
     assert m.mean_ttft_s == pytest.approx(7.73560357093811 / 16)
@@ -245,6 +246,12 @@ def test_text_that_is_not_vllms_names_everything_missing() -> None:
             replaced(IDLE, "vllm:request_prefill_time_seconds_sum", "+Inf"),
             "vllm:request_prefill_time_seconds_sum [inf]",
         ),
+        (
+            IDLE.replace(
+                "process_start_time_seconds 1.79636070774e+09", "process_start_time_seconds 0"
+            ),
+            "process_start_time_seconds [0.0] is not a finite number > 0",
+        ),
         ("vllm:num_requests_waiting{engine=0} 1\n", "not Prometheus text"),
         ("this is not metrics\n", "not Prometheus text"),
     ],
@@ -411,3 +418,40 @@ def test_the_scraper_thread_scrapes_every_interval(served: TextServer) -> None:
         assert scraper.compute_state().waiting == 6 and scraper.scrapes >= 2
     finally:
         scraper.close()
+
+
+def started(text: str, at: str) -> str:
+    """`text` as a server process started at `at` (Unix seconds) would export it."""
+    line = "process_start_time_seconds 1.79636070774e+09"
+    assert line in text
+    return text.replace(line, f"process_start_time_seconds {at}")
+
+
+def test_a_new_engine_process_is_told_by_its_start_time(served: TextServer) -> None:
+    """The same process scraped again is no restart, however its counters move; another
+    start time is one, counted once and handed to on_restart, even when its block size
+    makes its metrics unusable; a text without the start time never counts as one."""
+    seen: list[float | None] = []
+    scraper = EngineScraper(
+        served.url,
+        scrape(served.url),
+        8000.0,
+        on_restart=lambda m: seen.append(m.process_start_time_seconds),
+    )
+    served.body = BUSY.encode()  # same process, busier
+    assert scraper.scrape_once() and seen == [] and scraper.restarts == 0
+    served.body = started(IDLE, "1.7963608e+09").encode()  # counters back at idle's
+    assert scraper.scrape_once()
+    assert seen == [1.7963608e09] and scraper.restarts == 1
+    assert scraper.scrape_once() and seen == [1.7963608e09]  # the new process again
+    served.body = without(IDLE, "process_start_time_seconds").encode()
+    assert scraper.scrape_once() and seen == [1.7963608e09]  # unknown: no restart
+    served.body = started(IDLE, "1.7963609e+09").encode()
+    assert scraper.scrape_once() and seen == [1.7963608e09]  # unknown before: none either
+    served.body = started(IDLE, "1.796361e+09").replace('block_size="32"', 'block_size="64"')
+    served.body = served.body.encode()
+    assert not scraper.scrape_once()  # its metrics refused, its restart still told
+    assert seen == [1.7963608e09, 1.796361e09] and scraper.restarts == 2
+    assert "block size changed from 32 to 64" in scraper.last_error
+    assert scraper.state()["restarts"] == 2
+    assert "catsproto_node_engine_restarts_total 2.0" in scraper.metrics().decode()

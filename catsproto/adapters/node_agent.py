@@ -91,6 +91,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._force = False
+        self._restarted = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="c-sma")
 
     def start(self) -> NodeAgent:
@@ -103,9 +104,24 @@ class NodeAgent:
         with self._lock:
             self._force = True
 
+    def engine_restarted(self) -> None:
+        """The engine is a new process: the next round forgets what the old one held,
+        takes in what the new one published (its replay buffer) and sends every route
+        (any thread may call this; the subscriber is used on the node's own)."""
+        with self._lock:
+            self._restarted = True
+
     def step(self, timeout_ms: int = 0) -> list[RouteAdvertisement]:
         """One round: take in events, then ask the builder (exposed for tests)."""
         with self._lock:
+            if self._restarted:
+                self._restarted = False
+                self._force = True
+                try:
+                    self.subscriber.engine_restarted()
+                except Exception as exc:
+                    self.ingest_errors += 1
+                    self.error = f"engine restart: {type(exc).__name__}: {exc}"
             try:
                 self.subscriber.poll(timeout_ms)
             except Exception as exc:  # the builder still runs: its refreshes are due anyway
@@ -164,6 +180,7 @@ class NodeAgent:
                             "gaps",
                             "resyncs",
                             "restarts",
+                            "engine_restarts",
                             "bad_payloads",
                             "bad_replay_frames",
                             "failed_recoveries",

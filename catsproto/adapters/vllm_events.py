@@ -285,6 +285,9 @@ class SubscriberStats:
     replayed: int = 0
     resyncs: int = 0
     restarts: int = 0
+    """Sequences that went back (a restarted publisher, seen in its own batches)."""
+    engine_restarts: int = 0
+    """New engine processes the node was told of (`VllmEventSubscriber.engine_restarted`)."""
     duplicates: int = 0
     bad_payloads: int = 0
     bad_replay_frames: int = 0
@@ -367,6 +370,31 @@ class VllmEventSubscriber:
                 self._on_frames(self._streams[sock], frames)
                 handled += 1
         return handled
+
+    def engine_restarted(self) -> int:
+        """The engine is a new process (its metrics said so): forget every rank's blocks
+        and take in, from each rank's replay buffer, every batch the new process has
+        published since it started (sequences from 0). Returns the batches replayed.
+
+        Needed because the sequence alone cannot always tell: a new publisher's first
+        batches can be lost before the subscription reaches it, and a later one whose
+        sequence lies beyond the old next one reads as a gap, not a restart, and would be
+        laid on the old process' blocks. A replay that does not start at 0 (the buffer
+        no longer reaches back) applies nothing: the rank's next batch then finds the
+        tracker fresh and recovers, or resyncs, as a joining subscriber does."""
+        self.stats.engine_restarts += 1
+        replayed = 0
+        for stream in self._streams.values():
+            self.ingest.reset_rank(stream.endpoint.rank)
+            stream.tracker.restarted()
+            if stream.replay is None:
+                continue
+            replies = self._request_replay(stream, 0) or []
+            tail = _contiguous_tail(replies)
+            if tail and tail[0][0] == 0 and len(tail) == len(replies):
+                self._apply_replayed(stream, tail, tail[-1][0])
+                replayed += len(tail)
+        return replayed
 
     def _on_frames(self, stream: _Stream, frames: list[bytes]) -> None:
         self.stats.frames += 1

@@ -15,6 +15,9 @@ reached. `wait_for_engine` polls until the engine answers with usable metrics.
 scrapes every ``interval_s``, derives the node's `ComputeState` with the pure
 `update_prefill_rate` / `engine_compute_state`, and keeps the last good state when a
 scrape fails (counted, with the last error, in `state()` and its Prometheus metrics).
+A scrape whose process start time differs from the last one seen is a new engine
+process: the scraper counts it and calls `on_restart`, and the node forgets the old
+process' blocks then rather than at the new one's first event batch.
 The node agent reads `compute_state()` on every step, so that is a lock and a field.
 """
 
@@ -40,6 +43,7 @@ from catsproto.node.engine_metrics import (
     EngineMetricsError,
     PrefillRate,
     engine_compute_state,
+    restarted,
     update_prefill_rate,
 )
 from catsproto.node.metrics import ComputeState
@@ -78,6 +82,8 @@ OPTIONAL_SAMPLES = {
     "request_prefill_kv_computed_tokens_count": "vllm:request_prefill_kv_computed_tokens_count",
     "request_inference_time_seconds_sum": "vllm:request_inference_time_seconds_sum",
 }
+# the server process' start (prometheus_client's process collector): not vLLM's own
+START_TIME = "process_start_time_seconds"
 
 
 class ScrapeError(EngineMetricsError):
@@ -145,6 +151,12 @@ def parse_metrics(text: str, at_s: float = 0.0) -> EngineMetrics:
         field: _total(samples[name], name) if samples.get(name) else None
         for field, name in OPTIONAL_SAMPLES.items()
     }
+    started = samples.get(START_TIME)
+    if started:
+        values = [v for _, v in started]
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise EngineMetricsError(f"{START_TIME} {values} is not a finite number > 0")
+        optional[START_TIME] = max(values)  # several processes: the newest
     return EngineMetrics(
         at_s=at_s,
         block_size=sizes.pop(),
@@ -227,6 +239,7 @@ class EngineScraper:
         min_tokens: int = MIN_MEASURED_TOKENS,
         hits: HitCounter | None = None,
         fetch: Callable[[], EngineMetrics] | None = None,
+        on_restart: Callable[[EngineMetrics], None] | None = None,
     ) -> None:
         if not 0 < interval_s < math.inf:
             raise ValueError(f"scrape interval {interval_s} is not a positive number")
@@ -238,6 +251,9 @@ class EngineScraper:
         self.scrapes = 0
         self.failures = 0
         self.last_error = ""
+        self.restarts = 0  # new engine processes seen (process start time moved)
+        self.on_restart = on_restart
+        self._seen = first  # the last scrape that parsed, used or not
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="engine-scrape")
@@ -259,7 +275,9 @@ class EngineScraper:
             return self._state
 
     def scrape_once(self) -> bool:
-        """One scrape; True if it gave a new state. A failure keeps the last state."""
+        """One scrape; True if it gave a new state. A failure keeps the last state. A
+        new engine process (`restarted`) is counted and handed to `on_restart` (on the
+        calling thread, after the state is taken), whether or not its metrics are used."""
         try:
             m = self._fetch()
         except EngineMetricsError as exc:
@@ -267,6 +285,18 @@ class EngineScraper:
                 self.failures += 1
                 self.last_error = str(exc)
             return False
+        with self._lock:
+            new_process = restarted(self._seen, m)
+            self._seen = m
+            if new_process:
+                self.restarts += 1
+        try:
+            return self._take(m)
+        finally:
+            if new_process and self.on_restart is not None:
+                self.on_restart(m)
+
+    def _take(self, m: EngineMetrics) -> bool:
         with self._lock:
             if m.block_size != self.latest.block_size:
                 self.failures += 1
@@ -311,6 +341,7 @@ class EngineScraper:
                 "scrape_failures": self.failures,
                 "last_error": self.last_error,
                 "last_scrape_s_ago": round(time.monotonic() - latest.at_s, 3),
+                "restarts": self.restarts,
                 "metrics": latest.to_json(),
                 "prefill_rate": {
                     "tps": rate.tps,
@@ -346,7 +377,7 @@ class _ScrapeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         sc = self.scraper
         with sc._lock:
-            ok, failed = sc.scrapes, sc.failures
+            ok, failed, restarts = sc.scrapes, sc.failures, sc.restarts
             age = time.monotonic() - sc.latest.at_s
             rate, state = sc.rate, sc._state
         scrapes = CounterMetricFamily(
@@ -357,6 +388,11 @@ class _ScrapeCollector(Collector):
         scrapes.add_metric(["ok"], ok)
         scrapes.add_metric(["failed"], failed)
         yield scrapes
+        yield CounterMetricFamily(
+            "catsproto_node_engine_restarts",
+            "new engine processes seen (the process start time in its /metrics moved)",
+            value=restarts,
+        )
         yield GaugeMetricFamily(
             "catsproto_node_engine_last_scrape_age_seconds",
             "seconds since the last good scrape of the engine's /metrics",

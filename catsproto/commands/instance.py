@@ -413,6 +413,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         metrics_url,
         wait_for_engine,
     )
+    from catsproto.node.engine_metrics import EngineMetrics
 
     if args.dp_ranks < 1:
         raise UsageError(f"--dp-ranks {args.dp_ranks} is not >= 1")
@@ -459,9 +460,16 @@ def cmd_node(args: argparse.Namespace) -> int:
         _say({"engine_down": engine_url, "failed_probes": gate.in_a_row, "withdrawn": withdrawn})
 
     def engine_back() -> None:
-        assert node is not None
+        assert node is not None and scraper is not None
+        scraper.scrape_once()  # a new process is found before anything is sent again
         node.readvertise()
         _say({"engine_up": engine_url})
+
+    def engine_restarted(m: EngineMetrics) -> None:
+        # another process answers now: what the old one held is gone with it
+        assert node is not None
+        node.engine_restarted()
+        _say({"engine_restarted": engine_url, "process_start_time_s": m.process_start_time_seconds})
 
     try:
         try:
@@ -500,7 +508,11 @@ def cmd_node(args: argparse.Namespace) -> int:
             tiers = _engine_tiers(args, first.num_gpu_blocks, where)
             config = _builder_config(args, tiers)
             scraper = EngineScraper(
-                engine_url, first, args.prefill_rate, interval_s=args.scrape_interval
+                engine_url,
+                first,
+                args.prefill_rate,
+                interval_s=args.scrape_interval,
+                on_restart=engine_restarted,
             )
             compute_state, hits = scraper.compute_state, scraper.hits
         try:
@@ -766,7 +778,9 @@ def register(subparsers: Any) -> None:
         "/health every --health-interval: after --down-after failed probes in a row it "
         "withdraws every spooled route and publishes nothing (a JSON line on stderr says "
         "so, /state shows engine_health), and when the engine answers again it sends every "
-        "route afresh. Without --engine-url the node advertises "
+        "route afresh. A scrape whose process_start_time_seconds moved is a new engine "
+        "process: the node forgets the old one's blocks, replays the new one's events and "
+        "says engine_restarted on stderr. Without --engine-url the node advertises "
         "the configured --tier capacities and --prefill-rate, and --block-size (default "
         f"{DEFAULT_BLOCK_SIZE}) must be the engine's.\n\n"
         "Into BGP: with --signing-key every advertisement is signed for its route (its "

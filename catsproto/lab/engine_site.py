@@ -229,7 +229,13 @@ class EngineCsma:
                 f"{first.block_size} tokens, not {self.engine.num_gpu_blocks} of "
                 f"{self.engine.block_size}"
             )
-        self.scraper = EngineScraper(self.engine.url, first, ENGINE_PREFILL_TPS).start()
+        # an engine restarted faster than the gate notices is known by its process start
+        self.scraper = EngineScraper(
+            self.engine.url,
+            first,
+            ENGINE_PREFILL_TPS,
+            on_restart=lambda m: self.node.engine_restarted(),
+        ).start()
         self.up = True
         self.node.start()
         self.gate.start()

@@ -16,6 +16,8 @@ the rate; until the first window closes the node advertises its configured rate
 (`--prefill-rate`). The first window starts at the engine's own start (counters at 0),
 so a node that joins a busy engine measures at once. If the counters go backwards
 (the engine restarted) the window starts again from 0 and the last rate stands.
+`restarted` tells a new engine process from the old one by the process start time
+the server exports.
 
 The rate is per request: requests prefilled in one batch each count their full prefill
 time, so under batching the sum of times exceeds the wall time and the rate is lower
@@ -60,6 +62,7 @@ __all__ = [
     "EngineMetricsError",
     "PrefillRate",
     "engine_compute_state",
+    "restarted",
     "update_prefill_rate",
 ]
 
@@ -100,6 +103,10 @@ class EngineMetrics:
     request_prefill_kv_computed_tokens_sum: float | None = None
     request_prefill_kv_computed_tokens_count: float | None = None
     request_inference_time_seconds_sum: float | None = None
+    process_start_time_seconds: float | None = None
+    """When the engine's server process started (Unix seconds, Prometheus' process
+    collector): a new value means a new process, one that holds none of the old
+    one's blocks, whatever its event sequence says."""
 
     @property
     def prefix_hit_ratio(self) -> float | None:
@@ -212,3 +219,11 @@ def engine_compute_state(
         utilisation=_utilisation(previous, current),
         kv_utilisation=max(0.0, min(1.0, current.kv_cache_usage_perc)),
     )
+
+
+def restarted(before: EngineMetrics, after: EngineMetrics) -> bool:
+    """Whether `after` was scraped from another engine process than `before`: both
+    carry a process start time and they differ. Unknown (an engine that does not export
+    it) is never taken for a restart."""
+    a, b = before.process_start_time_seconds, after.process_start_time_seconds
+    return a is not None and b is not None and a != b
