@@ -141,12 +141,13 @@ _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parall
         numba.uint8[::1],  # buf
         numba.bool_[:, ::1],  # out (key x column)
         numba.int64[:, ::1],  # handed back: (row, column)
+        numba.bool_,  # prefetch: request a pair's cache lines once its positions are known
     ),
     cache=True,
 )
 def probe_pass(
     keys, slots, by_position, base, slot_start, slot_stop, key_lo, key_hi, fuse, corrected,
-    corr_at, corr, par, buf, out, special,
+    corr_at, corr, par, buf, out, special, prefetch,
 ):  # fmt: skip
     """Every (key, row) pair of the asked slots' rows whose shard range holds the key,
     tested in one loop: keys sorted once, each row's range found by bisection. A fuse row
@@ -220,8 +221,9 @@ def probe_pass(
                 continue
             for q in range(a, b):
                 fingerprint[queued] = _slots_of(ks[q], p, at, queued)
-                for w in range(4):
-                    _prefetch(buf, at[queued, w])
+                if prefetch:
+                    for w in range(4):
+                        _prefetch(buf, at[queued, w])
                 alphabet[queued] = p[P_M]
                 key_of[queued] = order[q]
                 column_of[queued] = column
