@@ -128,6 +128,7 @@ def run(
 
 
 EVENTS_MAX_BYTES = 64 * 2**20
+EVENTS_BUFFER = 2**16  # bytes of event lines held before a write call
 
 
 class FileSink:
@@ -200,7 +201,9 @@ class FileSink:
         return fd
 
     def _open_events(self) -> IO[str]:
-        return os.fdopen(self._create(self.events_path, os.O_APPEND), "a")
+        # a buffer that holds a dozen lines (a line is ~5 kB with its value's hex): one
+        # write call per dozen, not about one a line as with the default 8 kB
+        return os.fdopen(self._create(self.events_path, os.O_APPEND), "a", buffering=EVENTS_BUFFER)
 
     def flush(self) -> None:
         """Write the snapshot if a change (or a count, e.g. a message that did not parse)
