@@ -209,8 +209,13 @@ def compare(name: str, fn: Callable[[], object], **extra: Any) -> dict[str, Any]
             ref.append(median_us(fn))
         new.append(median_us(fn))
     r, n = min(ref), min(new)
-    return {"name": name, **extra, "reference_us": round(r, 2), "us": round(n, 2),
-            "speedup": round(r / n, 2)}
+    return {
+        "name": name,
+        **extra,
+        "reference_us": round(r, 2),
+        "us": round(n, 2),
+        "speedup": round(r / n, 2),
+    }
 
 
 def primitives() -> list[dict[str, Any]]:
@@ -229,16 +234,43 @@ def primitives() -> list[dict[str, Any]]:
     with reference_paths():
         again = FuseSummary.from_keys(shard_keys, 0.01, seed=7)
         assert again.params() == params and again.encode() == body
-    out.append(compare("fuse build (peel + assign)",
-                       lambda: FuseSummary.from_keys(shard_keys, 0.01, seed=7),
-                       size="1,000 keys"))
-    out.append(compare("fuse body encode", lambda: FuseSummary(
-        fuse.table_values(), arity=fuse.arity, seg_log2=fuse.seg_log2, segments=fuse.segments,
-        m=fuse.m, g=fuse.g, b=fuse.b, seed=fuse.seed).encode(), size=f"{fuse.slots} slots"))
-    out.append(compare("fuse body decode", lambda: FuseSummary.decode_body(params, body),
-                       size=f"{fuse.slots} slots"))
-    out.append(compare("unique_keys, sorted input",
-                       lambda: summary_base.unique_keys(shard_keys), size="1,000 keys"))
+    out.append(
+        compare(
+            "fuse build (peel + assign)",
+            lambda: FuseSummary.from_keys(shard_keys, 0.01, seed=7),
+            size="1,000 keys",
+        )
+    )
+    out.append(
+        compare(
+            "fuse body encode",
+            lambda: FuseSummary(
+                fuse.table_values(),
+                arity=fuse.arity,
+                seg_log2=fuse.seg_log2,
+                segments=fuse.segments,
+                m=fuse.m,
+                g=fuse.g,
+                b=fuse.b,
+                seed=fuse.seed,
+            ).encode(),
+            size=f"{fuse.slots} slots",
+        )
+    )
+    out.append(
+        compare(
+            "fuse body decode",
+            lambda: FuseSummary.decode_body(params, body),
+            size=f"{fuse.slots} slots",
+        )
+    )
+    out.append(
+        compare(
+            "unique_keys, sorted input",
+            lambda: summary_base.unique_keys(shard_keys),
+            size="1,000 keys",
+        )
+    )
     prompts = [list(rng.integers(0, 3000, 40).tolist()) for _ in range(500)]
 
     def admit_all() -> None:
@@ -257,12 +289,20 @@ def churn_once(requests: list[list[int]], times: list[int]) -> tuple[float, list
     cache = TieredCache([TierSpec(Tier.HBM, 1000, 5, 1_600_000)])
     builder = AdvertisementBuilder(
         BuilderConfig(
-            cs_id=1, address="10.0.0.5", model_id="m", block_size=512,
-            bytes_per_block=1 << 20, shard_range="10.255.1.0/24", hot_prefixes=0,
+            cs_id=1,
+            address="10.0.0.5",
+            model_id="m",
+            block_size=512,
+            bytes_per_block=1 << 20,
+            shard_range="10.255.1.0/24",
+            hot_prefixes=0,
             main_on_summary_change=False,
             dampening=DampeningPolicy(  # S1's
-                min_interval_ms=1_000, max_interval_ms=60_000, change_threshold=0.15,
-                score_threshold=11, wait_threshold_ms=500,
+                min_interval_ms=1_000,
+                max_interval_ms=60_000,
+                change_threshold=0.15,
+                score_threshold=11,
+                wait_threshold_ms=500,
             ),
         ),
         cache,
@@ -279,8 +319,9 @@ def churn_once(requests: list[list[int]], times: list[int]) -> tuple[float, list
             for tlv in route.advertisement.tlvs:
                 if isinstance(tlv, wire.CacheSummaries):
                     for entry in tlv.entries:
-                        rx = receivers.setdefault((str(route.prefix), int(entry.tier)),
-                                                  SummaryReceiver())
+                        rx = receivers.setdefault(
+                            (str(route.prefix), int(entry.tier)), SummaryReceiver()
+                        )
                         rx.apply_entry(entry)
     seconds = time.perf_counter() - start
     probe = np.array(sorted({k for keys in keyed for k in keys}), dtype=np.uint64)

@@ -30,9 +30,7 @@ def state(cache: TieredCache) -> tuple:
 
 
 TIERS = [Tier.HBM, Tier.DRAM, Tier.SSD, Tier.REMOTE]
-prompts = st.lists(
-    st.lists(st.integers(0, 40), min_size=0, max_size=12), min_size=1, max_size=40
-)
+prompts = st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=12), min_size=1, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)

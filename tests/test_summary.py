@@ -120,7 +120,7 @@ def test_exact_rejects_trailing_truncated_padding_and_overflow() -> None:
             Summary.decode(KIND_EXACT, b"", body[:cut])
     # one key 2^64-1: k = 63, remainder = 63 one bits, quotient 1 = "01", 7 padding bits
     one = ExactSummary([U64]).encode()
-    assert one == bytes.fromhex("00000001" "ffffffffffffff" "fe" "80")
+    assert one == bytes.fromhex("00000001fffffffffffffffe80")
     with pytest.raises(SummaryDecodeError, match="padding"):
         Summary.decode(KIND_EXACT, b"", one[:-1] + b"\x81")
 
@@ -194,8 +194,14 @@ def test_fuse_partial_last_group_digits_must_be_zero() -> None:
     s = FuseSummary.from_keys(rng_keys(300, 7), 0.01, 1)
     # the same table packed three digits to 20 bits (m = 101): slots % 3 != 0 here
     t = FuseSummary(
-        np.asarray(s._table) % 101, arity=s.arity, seg_log2=s.seg_log2,
-        segments=s.segments, m=101, g=3, b=20, seed=s.seed,
+        np.asarray(s._table) % 101,
+        arity=s.arity,
+        seg_log2=s.seg_log2,
+        segments=s.segments,
+        m=101,
+        g=3,
+        b=20,
+        seed=s.seed,
     )
     assert t.slots % 3 != 0
     body = t.encode()

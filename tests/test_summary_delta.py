@@ -107,10 +107,18 @@ def test_sender_receiver_in_order(
         since_snapshot = since_snapshot + 1 if update.is_delta else 0
         assert since_snapshot < every
         entry = wire.SummaryEntry(
-            tier=wire.Tier.DRAM, kind=wire.SummaryKind(update.kind), version=update.version,
-            base_version=update.base_version, key_lo=0, key_hi=U64,
-            entry_count=update.entry_count, bytes_per_block=1, fetch_latency_us=1,
-            fetch_bandwidth_mbps=1, params=update.params(), body=update.encode(),
+            tier=wire.Tier.DRAM,
+            kind=wire.SummaryKind(update.kind),
+            version=update.version,
+            base_version=update.base_version,
+            key_lo=0,
+            key_hi=U64,
+            entry_count=update.entry_count,
+            bytes_per_block=1,
+            fetch_latency_us=1,
+            fetch_bandwidth_mbps=1,
+            params=update.params(),
+            body=update.encode(),
         )
         outcome = receiver.apply_entry(entry)
         assert outcome in (Outcome.SNAPSHOT, Outcome.DELTA)

@@ -45,9 +45,18 @@ def test_budget_matches_lab_measurements() -> None:
 def test_entry_overhead_matches_the_wire_encoding() -> None:
     s = Summary.build(keys_of(500, 1), 0.01)
     entry = wire.SummaryEntry(
-        tier=wire.Tier.HBM, kind=wire.SummaryKind(s.kind), version=1, base_version=0,
-        key_lo=0, key_hi=2**64 - 1, entry_count=500, bytes_per_block=1 << 20,
-        fetch_latency_us=5, fetch_bandwidth_mbps=100_000, params=s.params(), body=s.encode(),
+        tier=wire.Tier.HBM,
+        kind=wire.SummaryKind(s.kind),
+        version=1,
+        base_version=0,
+        key_lo=0,
+        key_hi=2**64 - 1,
+        entry_count=500,
+        bytes_per_block=1 << 20,
+        fetch_latency_us=5,
+        fetch_bandwidth_mbps=100_000,
+        params=s.params(),
+        body=s.encode(),
     )
     w = wire.Writer()
     wire.CacheSummaries(entries=(entry,)).encode_tlv(w)
@@ -79,9 +88,10 @@ def test_shards_fit_the_budget_and_cover_every_key(message: int, other: int) -> 
     bits = shards[0].shard_bits
     assert len(shards) == 1 << bits
     if bits:  # one fewer bit would not have fit (the count is minimal, up to estimates)
-        assert sum(s.tlv_bytes - ENTRY_OVERHEAD for s in shards) > (budget - ENTRY_OVERHEAD) * (
-            len(shards) // 2
-        ) * 0.9
+        assert (
+            sum(s.tlv_bytes - ENTRY_OVERHEAD for s in shards)
+            > (budget - ENTRY_OVERHEAD) * (len(shards) // 2) * 0.9
+        )
     for s in shards:
         mine = keys[shard_of(keys, bits) == s.index]
         assert s.summary.contains_many(mine).all()

@@ -80,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the selector's compiled probe pass loads on first use (numba: ~0.7 s); here, not in
     # the first request's decision
     import catsproto.selector.probe_pass  # noqa: F401
+
     servers = []
     stop = StopSignal()  # before the ready file: a stop right after it shuts down cleanly
     try:

@@ -262,8 +262,14 @@ class FuseSummary(Summary):
             table = cls._solve(keys, try_seed, arity, seg_log2, segments, m)
             if table is not None:
                 return cls(
-                    table, arity=arity, seg_log2=seg_log2, segments=segments,
-                    m=m, g=g, b=b, seed=try_seed,
+                    table,
+                    arity=arity,
+                    seg_log2=seg_log2,
+                    segments=segments,
+                    m=m,
+                    g=g,
+                    b=b,
+                    seed=try_seed,
                 )
             try_seed = mix64_int(seed + (attempt + 1) * GOLDEN)
         raise RuntimeError(f"fuse construction failed {_MAX_ATTEMPTS} times")  # pragma: no cover

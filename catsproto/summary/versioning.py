@@ -89,11 +89,7 @@ class SummarySender:
     def update(self, keys: object, *, force_snapshot: bool = False) -> SummaryUpdate | None:
         """The announcement for the new key set, or None if nothing changed."""
         new = unique_keys(keys)
-        if (
-            not force_snapshot
-            and self._keys is not None
-            and np.array_equal(new, self._keys)
-        ):
+        if not force_snapshot and self._keys is not None and np.array_equal(new, self._keys):
             return None
         if self._next_version > U32_MAX:
             raise OverflowError("summary version space exhausted; start a new epoch")

@@ -145,9 +145,7 @@ def filling_class(cls: type) -> type | None:
         return _TWINS[cls]
     slots = cls.__dict__.get("__slots__")
     twin: type | None = None
-    if isinstance(slots, tuple) and not any(
-        "__setattr__" in k.__dict__ for k in cls.__mro__[1:-1]
-    ):
+    if isinstance(slots, tuple) and not any("__setattr__" in k.__dict__ for k in cls.__mro__[1:-1]):
         twin = type(f"{cls.__name__}Filling", cls.__bases__, {"__slots__": slots})
         probe = object.__new__(twin)
         try:
