@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model.service.feed.refresh(int(service.clock() * 1000))
     # the selector's compiled probe pass loads on first use (numba: ~0.7 s); here, not in
     # the first request's decision
-    import catsproto.selector.probe_pass  # noqa: F401
+    from catsproto.selector import fleet
+
+    if fleet.compiled_pass() is None:
+        print(
+            json.dumps(
+                {
+                    "warning": "the selector's compiled pass cannot be loaded here "
+                    f"({fleet.pass_unavailable}); decisions ask each filter in numpy: "
+                    "the same choices, slower"
+                }
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
     servers = []
     stop = StopSignal()  # before the ready file: a stop right after it shuts down cleanly

@@ -13,7 +13,9 @@ delta's sorted added and removed keys, in one shared key buffer, and the pass as
 by bisection before the filter. Summaries of other kinds (exact sets, Bloom filters) and
 fuse filters with alphabets above 256 are handed back by the pass and asked one by one:
 the node prefers fuse filters for every set larger than a few dozen keys, so those rows
-are few and small.
+are few and small. Where the compiled pass cannot be loaded (`compiled_pass`: no numba
+for the platform, or its compiler refusing the machine) every row is asked that way:
+the same answers, one numpy call per (row, batch of keys).
 
 Rows are rebuilt lazily: a slot whose generation moved (`ServiceTable.touch`) gets new
 rows at the next probe, its old rows are marked dead, and the buffer is compacted when
@@ -22,7 +24,8 @@ more than half of it is dead; the correction buffer likewise. Pure: no clocks, n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +67,28 @@ _ROW_FIELDS = (
 )
 
 
+_UNLOADED = object()
+_pass_module: Any = _UNLOADED
+pass_unavailable = ""
+"""Why the compiled pass could not be loaded here (empty while it could)."""
+
+
+def compiled_pass() -> ModuleType | None:
+    """The compiled pass (`probe_pass`, loading the compiler on the first call), or None
+    where it cannot be loaded: numba missing, or its compiler refusing this machine. A
+    probe then asks every filter through its own summary, as it asks other kinds: the
+    same answers, at numpy's speed; `pass_unavailable` says why."""
+    global _pass_module, pass_unavailable
+    if _pass_module is _UNLOADED:
+        try:
+            from catsproto.selector import probe_pass
+        except Exception as exc:  # ImportError, or numba's own errors compiling here
+            _pass_module, pass_unavailable = None, f"{type(exc).__name__}: {exc}"
+        else:
+            _pass_module = probe_pass
+    return _pass_module
+
+
 def _salt(seed: int, stream: int) -> int:
     return mix64_int((seed + (stream + 1) * GOLDEN) & _MASK64)
 
@@ -71,12 +96,11 @@ def _salt(seed: int, stream: int) -> int:
 class FleetProbe:
     """Membership of block keys across all instances of one `ServiceTable`."""
 
-    def __init__(self, table: ServiceTable) -> None:
+    def __init__(self, table: ServiceTable, *, compiled: bool = True) -> None:
         # the compiled pass, loaded with the first probe (importing the selector alone
-        # does not pay for the compiler)
-        from catsproto.selector import probe_pass
-
-        self._kernels = probe_pass
+        # does not pay for the compiler); without it (or `compiled=False`) every row is
+        # asked through its own summary
+        self._kernels = compiled_pass() if compiled else None
         self.table = table
         self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
         self._par = np.zeros((0, P_WIDTH), dtype=np.uint64)
@@ -220,7 +244,7 @@ class FleetProbe:
         ).tolist()
         bases = [st.base if isinstance(st, LayeredView) else st for st in states]
         for base, fuse, length in zip(bases, fuse_old, length_old, strict=True):
-            if (isinstance(base, FuseSummary) and base.m <= 256) != fuse:
+            if self._in_pass(base) != fuse:
                 return False
             if fuse and len(base.table_values()) != length:
                 return False
@@ -315,7 +339,7 @@ class FleetProbe:
         cols["slot"][r], cols["tier"][r] = slot, tier
         cols["key_lo"][r], cols["key_hi"][r] = lo, hi
         base = summary.base if isinstance(summary, LayeredView) else summary
-        if isinstance(base, FuseSummary) and base.m <= 256:
+        if self._in_pass(base):
             values = base.table_values()
             if at is None:
                 offset = self._append(values)
@@ -337,6 +361,11 @@ class FleetProbe:
             cols["fuse"][r] = False
             self._other[r] = summary
             self._special = None
+
+    def _in_pass(self, base: object) -> bool:
+        """Whether a row of this summary is asked in the compiled pass: a fuse filter of
+        byte-sized slot values, when the pass is loaded."""
+        return self._kernels is not None and isinstance(base, FuseSummary) and base.m <= 256
 
     def _params(self, r: int) -> list[int]:
         """Row r's hashing parameters, a row of `_par`."""
@@ -478,6 +507,14 @@ class FleetProbe:
         slot's position in `slots` if `by_position`, else the slot less `base`. Fuse rows
         (with their exact corrections) are asked in the compiled pass; the rows it hands
         back (other kinds) here, one by one."""
+        if self._kernels is None:  # no compiled pass: every row asks itself
+            stop = len(self._slot_start)
+            for j, s in enumerate(slots.tolist()):
+                if 0 <= s < stop:
+                    column = j if by_position else s - base
+                    for r in range(int(self._slot_start[s]), int(self._slot_stop[s])):
+                        self._special_row(keys, r, column, out)
+            return
         cols = self._cols
         if self._special is None:
             count = int(np.count_nonzero(~cols["fuse"][: self._rows]))

@@ -41,6 +41,8 @@ f = ((h mod 2^32) * m) >> 32. Member iff (sum_j T[slot j]) mod m == f.
 from __future__ import annotations
 
 import math
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +177,28 @@ def peel_rounds(
     return rounds if peeled == n else None
 
 
+_UNLOADED = object()
+_peel_module: Any = _UNLOADED
+peel_unavailable = ""
+"""Why the compiled peeling kernel could not be loaded here (empty while it could)."""
+
+
+def compiled_peel() -> ModuleType | None:
+    """The compiled peeling kernel (`fuse_peel`, loading the compiler on the first call),
+    or None where it cannot be loaded (numba missing, or its compiler refusing this
+    machine): construction then runs `solve_reference`, which gives the same table value
+    for value, in numpy rounds; `peel_unavailable` says why."""
+    global _peel_module, peel_unavailable
+    if _peel_module is _UNLOADED:
+        try:
+            from catsproto.summary import fuse_peel
+        except Exception as exc:  # ImportError, or numba's own errors compiling here
+            _peel_module, peel_unavailable = None, f"{type(exc).__name__}: {exc}"
+        else:
+            _peel_module = fuse_peel
+    return _peel_module
+
+
 def solve_reference(
     keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
 ) -> np.ndarray | None:
@@ -283,8 +307,9 @@ class FuseSummary(Summary):
         size = segments << seg_log2
         if keys.size == 0:
             return np.zeros(size, dtype=np.uint32)
-        from catsproto.summary import fuse_peel  # the compiler loads with the first build
-
+        fuse_peel = compiled_peel()  # the compiler loads with the first build
+        if fuse_peel is None:
+            return solve_reference(keys, seed, arity, seg_log2, segments, m)
         h, h2 = _hashes(keys, seed)
         slots = _slots(h, h2, arity, seg_log2, segments).astype(np.int64, copy=False)
         fp = _fingerprints(h, m).astype(np.int64)
