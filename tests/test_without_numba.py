@@ -6,7 +6,8 @@ first use. If that fails (numba missing for the platform, or its compiler refusi
 machine), `fleet.compiled_pass()` and `fuse.compiled_peel()` say None and why, the
 fleet probe asks every filter through its own summary and fuse construction runs the
 numpy definition. Checked in process (the loaders' answers replaced, both paths in
-one run) and in a process where numba cannot even be imported: the same filters, the
+one run), in a process where numba cannot even be imported and in one running numba's
+debugging mode (`NUMBA_DISABLE_JIT`, the kernels as Python): the same filters, the
 same probe answers, the same decisions to the last digit.
 """
 
@@ -67,8 +68,8 @@ print(json.dumps({
 BLOCK_NUMBA = "import sys; sys.modules['numba'] = None\n"
 
 
-def run(script: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run(script: str, **env_vars: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_vars}
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env,
         timeout=300, check=False,
@@ -87,6 +88,12 @@ def test_a_process_without_numba_builds_and_decides_the_same() -> None:
     assert without["filters"] == with_numba["filters"]
     assert without["decisions"] == with_numba["decisions"]
     assert len(set(with_numba["decisions"])) > 3  # not one answer for everything
+    # numba's debugging mode runs the compiled parts as Python (the prefetch a no-op)
+    debugging = run(SCRIPT, NUMBA_DISABLE_JIT="1")
+    assert (debugging["filters"], debugging["decisions"]) == (
+        with_numba["filters"],
+        with_numba["decisions"],
+    )
 
 
 def test_the_probe_without_the_compiled_pass_answers_alike(fleet_rib) -> None:

@@ -96,28 +96,35 @@ def _listed(corr: np.ndarray, lo: int, hi: int, x: int) -> bool:
     return a < hi and corr[a] == x
 
 
-@intrinsic
-def _prefetch(typingctx, buf, at):
-    """Ask the memory system for the cache line of buf[at] now, without waiting for it
-    (a hint: no fault, no effect on any value)."""
+if numba.config.DISABLE_JIT:  # numba's debugging mode runs this module as Python
 
-    def codegen(context, builder, signature, args):
-        buf_type, _ = signature.args
-        array = context.make_array(buf_type)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, buf_type, array, [args[1]])
-        i32 = ir.IntType(32)
-        # llvm.prefetch(address, read, keep in all levels, data cache)
-        name = "llvm.prefetch.p0"
-        if not getattr(ptr.type, "is_opaque", True):  # an LLVM with typed pointers
-            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-            name = "llvm.prefetch.p0i8"
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), name
-        )
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+    def _prefetch(buf: np.ndarray, at: int) -> None:
+        """Nothing to ask of the memory system from Python."""
 
-    return numba.types.void(buf, at), codegen
+else:
+
+    @intrinsic
+    def _prefetch(typingctx, buf, at):
+        """Ask the memory system for the cache line of buf[at] now, without waiting for it
+        (a hint: no fault, no effect on any value)."""
+
+        def codegen(context, builder, signature, args):
+            buf_type, _ = signature.args
+            array = context.make_array(buf_type)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, buf_type, array, [args[1]])
+            i32 = ir.IntType(32)
+            # llvm.prefetch(address, read, keep in all levels, data cache)
+            name = "llvm.prefetch.p0"
+            if not getattr(ptr.type, "is_opaque", True):  # an LLVM with typed pointers
+                ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+                name = "llvm.prefetch.p0i8"
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), name
+            )
+            builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return numba.types.void(buf, at), codegen
 
 
 _BATCH = 64  # pairs whose buffer reads are issued together (memory-level parallelism)
