@@ -23,7 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "catsproto"
 CORE_PACKAGES = ("wire", "summary", "security", "node", "selector", "sim", "transfer")
-CORE_MODULES = ("keys.py",)
+CORE_MODULES = ("keys.py", "kernels.py")
 
 # I/O, processes, threads, event loops, the clock, the daemons' and capture libraries
 FORBIDDEN = (

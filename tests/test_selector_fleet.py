@@ -82,6 +82,10 @@ def reference(rib, keys):
 
 @pytest.fixture
 def fleet():
+    return make_fleet()
+
+
+def make_fleet():
     """30 instances of every kind, one or two shards, some with a DRAM tier too."""
     rng = np.random.default_rng(11)
     rib = RIB(hold_time_ms=10**9)

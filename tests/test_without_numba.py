@@ -3,7 +3,7 @@ decide the same.
 
 The compiled parts (`selector/probe_pass.py`, `summary/fuse_peel.py`) load with their
 first use. If that fails (numba missing for the platform, or its compiler refusing the
-machine), `fleet.compiled_pass()` and `fuse.compiled_peel()` say None and why, the
+machine), `fleet.PASS.get()` and `fuse.PEEL.get()` say None (`.why` says why), the
 fleet probe asks every filter through its own summary and fuse construction runs the
 numpy definition. Checked in process (the loaders' answers replaced, both paths in
 one run), in a process where numba cannot even be imported and in one running numba's
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catsproto.selector import RIB, Link, Network, PathSelector, Request, fleet
+from catsproto.selector import Link, Network, PathSelector, Request, fleet
 from catsproto.summary import fuse
-from tests.test_selector_fleet import announce, entries_for, probe_keys, reference
+from tests.test_selector_fleet import make_fleet, probe_keys, reference
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,9 +58,9 @@ for n, keys in enumerate([*prompts, *prompts[:4]]):
 print(json.dumps({
     "filters": filters,
     "decisions": decisions,
-    "pass": fleet.compiled_pass() is not None,
-    "peel": fuse.compiled_peel() is not None,
-    "why": [fleet.pass_unavailable, fuse.peel_unavailable],
+    "pass": fleet.PASS.get() is not None,
+    "peel": fuse.PEEL.get() is not None,
+    "why": [fleet.PASS.why, fuse.PEEL.why],
 }))
 """
 
@@ -123,29 +123,20 @@ def test_decisions_are_the_same_when_the_pass_cannot_load(fleet_rib, monkeypatch
         ]
 
     compiled = decide_all()
-    monkeypatch.setattr(fleet, "_pass_module", None)
-    assert fleet.compiled_pass() is None
+    monkeypatch.setattr(fleet.PASS, "_module", None)
+    assert fleet.PASS.get() is None
     assert decide_all() == compiled
 
 
 def test_construction_without_the_peeling_kernel_gives_the_same_filter(monkeypatch) -> None:
     keys = np.random.default_rng(2).integers(0, 2**63, size=5_000, dtype=np.uint64)
     built = fuse.FuseSummary.from_keys(keys, 0.01, seed=3)
-    monkeypatch.setattr(fuse, "_peel_module", None)
+    monkeypatch.setattr(fuse.PEEL, "_module", None)
     again = fuse.FuseSummary.from_keys(keys, 0.01, seed=3)
     assert (again.params(), again.encode()) == (built.params(), built.encode())
 
 
 @pytest.fixture
 def fleet_rib():
-    """30 instances, fuse, Bloom and exact summaries of one or two shards."""
-    from tests.test_selector_fleet import KINDS
-
-    rng = np.random.default_rng(11)
-    rib = RIB(hold_time_ms=10**9)
-    held = {}
-    for i in range(30):
-        keys = rng.integers(0, 2**64 - 1, size=300 + 40 * i, dtype=np.uint64)
-        announce(rib, i, entries_for(keys[:200], KINDS[i % 3], 1 + i % 2))
-        held[i] = keys
-    return rib, held, rng
+    """The fleet of tests/test_selector_fleet.py: every kind, one or two shards."""
+    return make_fleet()

@@ -82,12 +82,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the first request's decision
     from catsproto.selector import fleet
 
-    if fleet.compiled_pass() is None:
+    if fleet.PASS.get() is None:
         print(
             json.dumps(
                 {
                     "warning": "the selector's compiled pass cannot be loaded here "
-                    f"({fleet.pass_unavailable}); decisions ask each filter in numpy: "
+                    f"({fleet.PASS.why}); decisions ask each filter in numpy: "
                     "the same choices, slower"
                 }
             ),

@@ -13,8 +13,8 @@ delta's sorted added and removed keys, in one shared key buffer, and the pass as
 by bisection before the filter. Summaries of other kinds (exact sets, Bloom filters) and
 fuse filters with alphabets above 256 are handed back by the pass and asked one by one:
 the node prefers fuse filters for every set larger than a few dozen keys, so those rows
-are few and small. Where the compiled pass cannot be loaded (`compiled_pass`: no numba
-for the platform, or its compiler refusing the machine) every row is asked that way:
+are few and small. Where the compiled pass cannot be loaded (`PASS`: no numba for the
+platform, or its compiler refusing the machine) every row is asked that way:
 the same answers, one numpy call per (row, batch of keys).
 
 Rows are rebuilt lazily: a slot whose generation moved (`ServiceTable.touch`) gets new
@@ -25,10 +25,11 @@ more than half of it is dead; the correction buffer likewise. Pure: no clocks, n
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from catsproto.kernels import Kernel
 from catsproto.selector.fuse_rows import (
     P_FOUR,
     P_M,
@@ -67,26 +68,15 @@ _ROW_FIELDS = (
 )
 
 
-_UNLOADED = object()
-_pass_module: Any = _UNLOADED
-pass_unavailable = ""
-"""Why the compiled pass could not be loaded here (empty while it could)."""
+def _load_pass() -> ModuleType:
+    from catsproto.selector import probe_pass
+
+    return probe_pass
 
 
-def compiled_pass() -> ModuleType | None:
-    """The compiled pass (`probe_pass`, loading the compiler on the first call), or None
-    where it cannot be loaded: numba missing, or its compiler refusing this machine. A
-    probe then asks every filter through its own summary, as it asks other kinds: the
-    same answers, at numpy's speed; `pass_unavailable` says why."""
-    global _pass_module, pass_unavailable
-    if _pass_module is _UNLOADED:
-        try:
-            from catsproto.selector import probe_pass
-        except Exception as exc:  # ImportError, or numba's own errors compiling here
-            _pass_module, pass_unavailable = None, f"{type(exc).__name__}: {exc}"
-        else:
-            _pass_module = probe_pass
-    return _pass_module
+PASS = Kernel(_load_pass)
+"""The compiled pass, or None where it cannot be loaded: a probe then asks every filter
+through its own summary, as it asks other kinds (the same answers, at numpy's speed)."""
 
 
 def _salt(seed: int, stream: int) -> int:
@@ -100,7 +90,7 @@ class FleetProbe:
         # the compiled pass, loaded with the first probe (importing the selector alone
         # does not pay for the compiler); without it (or `compiled=False`) every row is
         # asked through its own summary
-        self._kernels = compiled_pass() if compiled else None
+        self._kernels = PASS.get() if compiled else None
         self.table = table
         self._cols: dict[str, np.ndarray] = {name: np.zeros(0, t) for name, t in _ROW_FIELDS}
         self._par = np.zeros((0, P_WIDTH), dtype=np.uint64)

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
+from catsproto.kernels import Kernel
 from catsproto.summary.base import (
     KIND_FUSE,
     U64_MAX,
@@ -177,26 +177,15 @@ def peel_rounds(
     return rounds if peeled == n else None
 
 
-_UNLOADED = object()
-_peel_module: Any = _UNLOADED
-peel_unavailable = ""
-"""Why the compiled peeling kernel could not be loaded here (empty while it could)."""
+def _load_peel() -> ModuleType:
+    from catsproto.summary import fuse_peel
+
+    return fuse_peel
 
 
-def compiled_peel() -> ModuleType | None:
-    """The compiled peeling kernel (`fuse_peel`, loading the compiler on the first call),
-    or None where it cannot be loaded (numba missing, or its compiler refusing this
-    machine): construction then runs `solve_reference`, which gives the same table value
-    for value, in numpy rounds; `peel_unavailable` says why."""
-    global _peel_module, peel_unavailable
-    if _peel_module is _UNLOADED:
-        try:
-            from catsproto.summary import fuse_peel
-        except Exception as exc:  # ImportError, or numba's own errors compiling here
-            _peel_module, peel_unavailable = None, f"{type(exc).__name__}: {exc}"
-        else:
-            _peel_module = fuse_peel
-    return _peel_module
+PEEL = Kernel(_load_peel)
+"""The compiled peeling kernel, or None where it cannot be loaded: construction then
+runs `solve_reference`, which gives the same table value for value."""
 
 
 def solve_reference(
@@ -303,17 +292,15 @@ class FuseSummary(Summary):
         keys: np.ndarray, seed: int, arity: int, seg_log2: int, segments: int, m: int
     ) -> np.ndarray | None:
         """The slot values for these keys, or None if this seed's hypergraph does not peel:
-        `solve_reference`'s table, computed by the compiled `fuse_peel` kernel."""
-        size = segments << seg_log2
-        if keys.size == 0:
-            return np.zeros(size, dtype=np.uint32)
-        fuse_peel = compiled_peel()  # the compiler loads with the first build
-        if fuse_peel is None:
+        `solve_reference`'s table, computed by the compiled `fuse_peel` kernel (by
+        `solve_reference` itself where that cannot be loaded, and for no keys)."""
+        fuse_peel = PEEL.get()  # the compiler loads with the first build
+        if fuse_peel is None or keys.size == 0:
             return solve_reference(keys, seed, arity, seg_log2, segments, m)
         h, h2 = _hashes(keys, seed)
         slots = _slots(h, h2, arity, seg_log2, segments).astype(np.int64, copy=False)
         fp = _fingerprints(h, m).astype(np.int64)
-        table = np.zeros(size, dtype=np.int64)
+        table = np.zeros(segments << seg_log2, dtype=np.int64)
         if not fuse_peel.peel_and_assign(slots, fp, m, table):
             return None
         return table.astype(np.uint32)
