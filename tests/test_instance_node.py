@@ -453,6 +453,49 @@ def test_the_node_follows_a_real_engine(
         assert node.stop() == 0
 
 
+def test_a_restarted_engine_is_known_at_the_first_scrape(
+    token_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real engine of its own (not the session's: this one is killed and started
+    again on the same ports): a prompt leaves blocks at the node; the engine is killed
+    (the node withdraws after its /health probes fail) and a new process starts. At the
+    first scrape the node counts the restart and holds nothing of the old process' blocks
+    before the new one has served anything; one prompt to the new engine brings blocks
+    back."""
+    from catsproto.lab.engine import EngineSpec, LocalEngine
+    from tests.engine_helpers import require_engine_python
+
+    python = require_engine_python()
+    d = tmp_path_factory.mktemp("restart")
+    spec = EngineSpec(host="127.0.0.1", port=free_port(), ipc_dir=d)
+    handle = EngineHandle.of(spec)
+    engine = LocalEngine(spec, d / "first.log", python=python)
+    node = None
+    try:
+        engine.wait_ready()
+        node = Node(
+            "--engine-url", spec.url, "--endpoint", spec.events, "--replay-endpoint",
+            spec.replay, "--port", "0", "--api-token-file", str(token_file),
+            "--scrape-interval", "0.2", "--health-interval", "0.5",
+        )  # fmt: skip
+        complete(handle, fresh_prompt(10 * spec.block_size))
+        wait_until("the first engine's blocks", lambda: state(node.url)["node"]["blocks"]["hbm"])
+        assert state(node.url)["engine"]["restarts"] == 0
+        engine.close()
+        engine = LocalEngine(spec, d / "second.log", python=python)
+        engine.wait_ready()
+        s = wait_until(
+            "the restart counted", lambda: (x := state(node.url))["engine"]["restarts"] and x, 10
+        )
+        assert s["node"]["blocks"]["hbm"] == 0 and s["node"]["subscriber"]["engine_restarts"] == 1
+        complete(handle, fresh_prompt(10 * spec.block_size))
+        wait_until("the new engine's blocks", lambda: state(node.url)["node"]["blocks"]["hbm"])
+    finally:
+        if node is not None:
+            assert node.stop() == 0
+        engine.close()
+
+
 def test_the_prefill_rate_and_queue_are_measured_on_the_real_engine(
     vllm_engine: EngineHandle,
 ) -> None:
