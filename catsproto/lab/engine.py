@@ -6,7 +6,8 @@ tiny model shipped in `lab/engine/tiny-llama` (a config and a tokenizer, no weig
 ``--load-format dummy``; nothing is ever downloaded). Prefix caching is on, KV events go
 out on ZMQ (PUB bound on the engine's own address, replay ROUTER beside it), and
 ``--enable-prompt-tokens-details`` makes every answer report its cached prompt tokens,
-which is the ground truth the ingress checks the selector against.
+which is the ground truth the ingress checks the selector against. ``--enable-scale-out``
+serves the render endpoints a peer router (vllm-router, `catsproto.lab.peers`) asks.
 
 `EngineSpec` is pure data: `argv` and `env` give the command; `start_local` runs it as a
 plain child (tests, loopback), the lab runs the same argv in a namespace through its
@@ -134,6 +135,9 @@ class EngineSpec:
             "--enforce-eager",
             "--enable-prefix-caching",
             "--enable-prompt-tokens-details",
+            # the scale-out endpoints (/v1/completions/render ...) vllm-router's
+            # cache_aware policy calls; they add routes and change nothing on ours
+            "--enable-scale-out",
             "--block-size",
             str(self.block_size),
             "--num-gpu-blocks-override",

@@ -93,11 +93,14 @@ def is_loopback(lab: Lab) -> bool:
     return lab.handle.state.info.get("mode") == "embedded"
 
 
-def steering_config(lab: Lab, *, netns_name: str | None = None) -> SteeringConfig:
-    """The steering API's configuration for the lab's ingress; on a loopback lab the
-    graph is the direct sessions (`catsproto.lab.steering.loopback_links`)."""
+def steering_config(
+    lab: Lab, *, netns_name: str | None = None, ingress: str | None = None
+) -> SteeringConfig:
+    """The steering API's configuration for the lab's ingress (or another receiving
+    node, `ingress`); on a loopback lab the graph is the direct sessions
+    (`catsproto.lab.steering.loopback_links`)."""
     topology = lab.topology
-    ingress = ingress_node(topology)
+    ingress = ingress or ingress_node(topology)
     _, sites = network_from_topology(topology)
     loopback = is_loopback(lab)
     links = lab_links(topology, ingress, loopback=loopback)
@@ -186,12 +189,19 @@ def start_steering(lab: Lab, timeout: float = 15.0) -> netns.Process:
 
 
 def _start_api(
-    lab: Lab, name: str, argv: list[str], ready: Path, url: str, token: Path, timeout: float
+    lab: Lab,
+    name: str,
+    argv: list[str],
+    ready: Path,
+    url: str,
+    token: Path,
+    timeout: float,
+    node: str | None = None,
 ) -> netns.Process:
-    """Run an API of the ingress node (`argv` writes `ready` once it listens), note its
-    URL and token file in the lab's state, and wait for it; a LabError with its log's
-    tail if it dies first."""
-    proc = lab.handle.start(ingress_node(lab.topology), name, argv)
+    """Run an API of the ingress node (or `node`; `argv` writes `ready` once it
+    listens), note its URL and token file in the lab's state, and wait for it; a
+    LabError with its log's tail if it dies first."""
+    proc = lab.handle.start(node or ingress_node(lab.topology), name, argv)
     lab.handle.state.info[name] = {"url": url, "token_file": str(token)}
     lab.handle.save()
     lab.wait_for(lambda: ready.exists() or not lab.handle.alive(proc), timeout, name)
@@ -203,36 +213,38 @@ def _start_api(
 INGRESS_PORT = 8000  # the OpenAI-compatible ingress, on the ingress's client-facing address
 
 
-def ingress_token_file(lab: Lab) -> Path:
-    """The file holding the ingress's bearer token (the OpenAI client's api_key)."""
-    return lab.node_dir(ingress_node(lab.topology)) / "ingress.token"
+def ingress_token_file(lab: Lab, node: str | None = None) -> Path:
+    """The file holding the ingress's (or `node`'s ingress's) bearer token (the OpenAI
+    client's api_key)."""
+    return lab.node_dir(node or ingress_node(lab.topology)) / "ingress.token"
 
 
-def ingress_url(lab: Lab) -> str:
-    _, _, address = client_link(lab.topology, ingress_node(lab.topology))
+def ingress_url(lab: Lab, node: str | None = None) -> str:
+    _, _, address = client_link(lab.topology, node or ingress_node(lab.topology))
     return f"http://{address}:{INGRESS_PORT}"
 
 
-def start_ingress(lab: Lab, timeout: float = 30.0) -> netns.Process:
+def start_ingress(lab: Lab, timeout: float = 30.0, *, node: str | None = None) -> netns.Process:
     """The OpenAI-compatible ingress (`catsproto ingress serve`) in the ingress's
     namespace, beside the steering API: the engines' model keyed as their C-SMAs key it
     (the lab's secret, the engines' block size), proxied to the engine the selector
-    picks, over the path it installs."""
+    picks, over the path it installs. `node`: another receiving node with a client host
+    of its own (`with_second_ingress`), its selector fed by its own RIB."""
     from catsproto.lab.engine import ENGINE_BLOCK_TOKENS, ENGINE_PORT, MODEL_DIR, SERVED_MODEL
     from catsproto.lab.engine_site import ENGINE_CS_ID
 
-    ingress = ingress_node(lab.topology)
+    ingress = node or ingress_node(lab.topology)
     _, _, address = client_link(lab.topology, ingress)
     d = lab.node_dir(ingress)
     config = dataclasses.replace(
-        steering_config(lab),
+        steering_config(lab, ingress=ingress),
         model_id=SERVED_MODEL,
         block_size=ENGINE_BLOCK_TOKENS,
         instance_port=ENGINE_PORT,
     )
     conf = d / "ingress.json"
     conf.write_text(json.dumps(config.to_json()))
-    token = write_token_file(ingress_token_file(lab))
+    token = write_token_file(ingress_token_file(lab, ingress))
     ready = d / "ingress.ready"
     ready.unlink(missing_ok=True)
     argv = [
@@ -253,7 +265,52 @@ def start_ingress(lab: Lab, timeout: float = 30.0) -> netns.Process:
         str(ready),
     ]
     url = f"http://{address}:{INGRESS_PORT}"
-    return _start_api(lab, "ingress", argv, ready, url, token, timeout)
+    name = "ingress" if node is None else f"ingress-{ingress}"
+    return _start_api(lab, name, argv, ready, url, token, timeout, ingress)
+
+
+def with_second_ingress(
+    doc: dict[str, Any], node: str, host: str, subnet: str = "10.100.4.0/30"
+) -> dict[str, Any]:
+    """A copy of the topology document `doc` in which `node` (an ExaBGP egress) also
+    receives (its own RIB, from BGP like the first ingress's) and has a plain client
+    host `host` behind it on `subnet` (the node takes its first address, the host the
+    second; the node announces the subnet, as every egress announces its hosts'). Two
+    sites then take requests, each at its own path selector."""
+    import copy
+    import ipaddress
+
+    out = copy.deepcopy(doc)
+    nodes = out["topology"]["nodes"]
+    if node not in nodes:
+        raise LabError(f"with_second_ingress: no node {node!r} in the topology")
+    if host in nodes:
+        raise LabError(f"with_second_ingress: {host!r} is already a node")
+    labels = nodes[node].setdefault("labels", {})
+    if labels.get("catsproto.role") != "exabgp":
+        raise LabError(f"with_second_ingress: {node} is not an ExaBGP node")
+    labels["catsproto.receive"] = "true"
+    net = ipaddress.ip_network(subnet)
+    first, second = list(net.hosts())[:2]
+    nodes[host] = {"kind": "linux", "cmd": "sleep infinity"}
+    used = {
+        ep["interface"]
+        for link in out["topology"]["links"]
+        for ep in link["endpoints"]
+        if ep["node"] == node
+    }
+    ifname = next(f"eth{i}" for i in range(1, 64) if f"eth{i}" not in used)
+    out["topology"]["links"].append(
+        {
+            "type": "veth",
+            "endpoints": [
+                {"node": host, "interface": "eth1", "ipv4": f"{second}/{net.prefixlen}"},
+                {"node": node, "interface": ifname, "ipv4": f"{first}/{net.prefixlen}"},
+            ],
+            "vars": {"delay": "1ms", "rate": "1gbit"},
+        }
+    )
+    return out
 
 
 def run_client(lab: Lab, argv: list[str], timeout: float = 120.0) -> dict[str, Any]:
