@@ -59,7 +59,9 @@ def advert(
     block=BLOCK,
     secret_id=1,
     key_scheme=wire.KeyScheme.BLAKE2B64_CHAINED,
+    capacity=None,
 ):
+    """`capacity`: (free, total) KV blocks for a Capacity TLV; None: none."""
     tlvs = [
         wire.Version(1),
         wire.Origin(cs_id, site, ipaddress.ip_address(address)),
@@ -85,6 +87,8 @@ def advert(
         ),
         wire.CacheModel("test-model", block, key_scheme, secret_id),
     ]
+    if capacity is not None:
+        tlvs.append(wire.Capacity(*capacity))
     if entries:
         tlvs.append(wire.CacheSummaries(tuple(entries)))
     return wire.Advertisement.build(*tlvs)

@@ -71,6 +71,10 @@ class Estimate:
     fetch_ms: float
     prefill_ms: float
     total_ms: float
+    # what storing the prompt's new blocks there evicts that others would reuse
+    # (`catsproto.selector.occupancy`): blocks, and their worth in ms; part of total_ms
+    evicted_blocks: float = 0.0
+    evict_ms: float = 0.0
 
     def terms(self) -> dict[str, object]:
         return {
@@ -87,6 +91,8 @@ class Estimate:
             "kv_source": str(self.kv_source) if self.kv_source else None,
             "fetch_ms": round(self.fetch_ms, 3),
             "prefill_ms": round(self.prefill_ms, 3),
+            "evicted_blocks": round(self.evicted_blocks, 3),
+            "evict_ms": round(self.evict_ms, 3),
             "ttft_ms": round(self.total_ms, 3),
         }
 
@@ -131,7 +137,8 @@ class Decision:
             lines.append(
                 f"{label}: {est.address} (site {est.site_id}) ttft {est.total_ms:.1f} ms = "
                 f"rtt {est.rtt_ms:.1f} + upload {est.upload_ms:.1f} + queue {est.queue_ms:.1f}"
-                f" + fetch {est.fetch_ms:.1f} + prefill {est.prefill_ms:.1f}; "
+                f" + fetch {est.fetch_ms:.1f} + prefill {est.prefill_ms:.1f}"
+                f" + evict {est.evict_ms:.1f} ({est.evicted_blocks:g} blocks); "
                 f"cached {est.cached_blocks} blocks (expected {est.expected_cached_blocks:.2f}, "
                 f"fpr {est.fpr:.3g}{', stale' if est.stale else ''}{source}); "
                 f"path {' > '.join(est.path)}"
@@ -158,8 +165,17 @@ class SelectorConfig:
     # term (catsproto.selector.pending): "count" in full until an advertisement counts
     # it (times peer_selectors), "drain" replayed as an FCFS queue at the advertised rate.
     pending: str = "count"
+    # Price what a placement evicts (`catsproto.selector.occupancy`): storing a prompt's
+    # new blocks at an instance without free KV blocks costs the evicted blocks' prefill
+    # times the chance they are wanted again within `reuse_horizon_ms`.
+    price_evictions: bool = True
+    reuse_horizon_ms: float = 120_000.0
 
     def __post_init__(self) -> None:
+        if not (self.reuse_horizon_ms > 0 and math.isfinite(self.reuse_horizon_ms)):
+            raise ValueError(
+                f"reuse_horizon_ms must be a finite number > 0, not {self.reuse_horizon_ms}"
+            )
         if not (self.work_weight >= 0 and math.isfinite(self.work_weight)):
             raise ValueError(f"work_weight must be a finite number >= 0, not {self.work_weight}")
         if self.pending not in PENDING_MODES:

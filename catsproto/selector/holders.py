@@ -126,6 +126,8 @@ class _Priced:
     the remote-KV option where it won: enough to write out any candidate's terms."""
 
     __slots__ = (
+        "evict",
+        "evicted",
         "fetch_h",
         "plan",
         "prefill_full",
@@ -152,6 +154,10 @@ class _Priced:
         self.prefill_h: np.ndarray | None = None
         # (candidates better off pulling, pull ms, prefill ms, source slot)
         self.remote: tuple[np.ndarray, np.ndarray, np.ndarray, int] | None = None
+        # blocks each candidate's placement evicts and their ms (part of `total`);
+        # None: evictions not priced
+        self.evicted: np.ndarray | None = None
+        self.evict: np.ndarray | None = None
 
     def price_holders(
         self,
@@ -193,6 +199,12 @@ class _Priced:
         prefill *= weight
         prefill += self.total
         return prefill
+
+    def eviction(self, i: int) -> tuple[float, float]:
+        """Candidate `i`'s evicted blocks and their ms."""
+        if self.evict is None or self.evicted is None:
+            return 0.0, 0.0
+        return float(self.evicted[i]), float(self.evict[i])
 
     def terms(self, i: int) -> tuple[int, float, float, float]:
         """Candidate `i`'s cached blocks, expected cached blocks, fetch ms, prefill ms."""

@@ -31,6 +31,7 @@ from catsproto.summary.versioning import Outcome
 from catsproto.wire import (
     Advertisement,
     CacheModel,
+    Capacity,
     CodecError,
     KeyScheme,
     L0MetricType,
@@ -135,6 +136,9 @@ class Instance:
     prefill_tps: float = DEFAULT_PREFILL_TPS
     backlog_tokens: float = 0.0
     waiting: float = 0.0
+    # its KV capacity (Capacity TLV): (timestamp, epoch, sequence) of the advertisement
+    # it came from; (-1, 0, 0) before any
+    capacity_stamp: tuple[int, int, int] = (-1, 0, 0)
     tiers: dict[Tier, TierState] = field(default_factory=dict)
     generation: int = 0
     fpr: float = 0.0  # worst expected false-positive rate of its summaries
@@ -189,6 +193,8 @@ class ServiceTable:
         # moves with any slot's metrics_version, unique across tables: a reader that saw
         # this stamp (and this many slots) has nothing new to read there
         self.metrics_stamp = next(_METRICS_STAMPS)
+        # moves with any slot's kv_version, the same way
+        self.capacity_stamp = next(_METRICS_STAMPS)
         self._alloc(capacity)
 
     def heard_floor(self, n: int) -> int:
@@ -247,6 +253,12 @@ class ServiceTable:
         self.tier0_mbps = grow(getattr(self, "tier0_mbps", None), np.float64, 0.0)
         self.tier0_latency_ms = grow(getattr(self, "tier0_latency_ms", None), np.float64, 0.0)
         self.max_block_bytes = grow(getattr(self, "max_block_bytes", None), np.int64, 0)
+        # its KV capacity and free blocks over all tiers as last advertised (Capacity TLV;
+        # 0 and 0: not known), as of `kv_at_ms`; `kv_version` moves with each
+        self.kv_total = grow(getattr(self, "kv_total", None), np.float64, 0.0)
+        self.kv_free = grow(getattr(self, "kv_free", None), np.float64, 0.0)
+        self.kv_at_ms = grow(getattr(self, "kv_at_ms", None), np.int64, -1)
+        self.kv_version = grow(getattr(self, "kv_version", None), np.int64, 0)
 
     def slot_for(self, address: IPAddress, site_id: int) -> Instance:
         inst = self.by_address.get(address)
@@ -271,6 +283,7 @@ class ServiceTable:
         self.site[slot] = site_id
         self.site_version += 1
         self.set_load(slot, inst.prefill_tps, 0.0, -1)
+        self.set_capacity(slot, 0, 0, -1)
         self.touch(inst)
         return inst
 
@@ -283,6 +296,14 @@ class ServiceTable:
         self.ms_per_token[slot] = 1000.0 / prefill_tps
         self.backlog_ms[slot] = backlog = backlog_tokens / prefill_tps * 1000
         self.drain_end_ms[slot] = at_ms + backlog
+
+    def set_capacity(self, slot: int, free_blocks: int, total_blocks: int, at_ms: int) -> None:
+        """An instance's advertised KV capacity as of `at_ms` (None of it known: 0, 0)."""
+        self.kv_free[slot] = free_blocks
+        self.kv_total[slot] = total_blocks
+        self.kv_at_ms[slot] = at_ms
+        self.kv_version[slot] += 1
+        self.capacity_stamp = next(_METRICS_STAMPS)
 
     def describe(self, inst: Instance) -> None:
         """Copy the instance's summary-derived figures into the per-slot arrays."""
@@ -349,6 +370,19 @@ def _record_model(table: ServiceTable, inst: Instance, model: CacheModel) -> Non
     table.block_size[inst.slot] = model.block_size
     if resized:  # what the selector remembers of a holder's prefix is in blocks
         table.touch(inst)
+
+
+def _record_capacity(table: ServiceTable, inst: Instance, adv: Advertisement) -> None:
+    """Take the origin's Capacity TLV when it is newer than the one held (by timestamp,
+    then epoch and sequence, as metrics are): what an eviction-aware placement reads."""
+    cap = adv.get(Capacity)
+    if cap is None:
+        return
+    stamp = (adv.timestamp_ms, adv.sequence.epoch, adv.sequence.sequence)
+    if stamp <= inst.capacity_stamp:
+        return
+    inst.capacity_stamp = stamp
+    table.set_capacity(inst.slot, cap.free_blocks, cap.total_blocks, adv.timestamp_ms)
 
 
 def _forget_claims(table: ServiceTable, inst: Instance) -> None:
@@ -420,6 +454,8 @@ class RIB:
             self.rejected.append(f"{origin.address}: sealed cache section not opened: {why}")
             self.rejected_total += 1
             _forget_claims(table, inst)
+            if adv.get(Capacity) is None:  # sealed with the rest: unknown from now on
+                table.set_capacity(inst.slot, 0, 0, adv.timestamp_ms)
         model = adv.cache_model
         if model is not None:
             # recorded even when its scheme is unknown, so that summaries sent later
@@ -428,6 +464,7 @@ class RIB:
         if inst.key_scheme and inst.key_scheme not in KeyScheme._value2member_map_:
             return self._unknown_scheme(table, inst, adv)
         metrics_updated = self._metrics(table, inst, adv)
+        _record_capacity(table, inst, adv)
         outcomes = []
         changed = False
         summaries = adv.cache_summaries

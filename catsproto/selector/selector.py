@@ -4,6 +4,7 @@ Strategy. For a request (CS-ID, the prompt's block keys, its length, the ingress
 live instance gets an estimate, in milliseconds:
 
     ttft = path RTT + upload + queue wait + KV fetch + prefill of what is not cached
+           + eviction
 
 - path RTT and upload come from the network graph between the ingress and the
   instance's site (delay × 2; prompt bytes ÷ bottleneck bandwidth);
@@ -22,7 +23,12 @@ live instance gets an estimate, in milliseconds:
   tier used, bytes ÷ tier bandwidth); HBM is free;
 - alternatively an instance may compute while pulling the longest cached prefix held
   anywhere from its holder: one-way delay between the sites + bytes ÷ bottleneck of path
-  and source tier. Whichever is cheaper is that instance's estimate.
+  and source tier. Whichever is cheaper is that instance's estimate;
+- eviction is what storing the prompt's new blocks there costs the fleet: nothing while
+  the instance has free KV blocks (its Capacity TLV, less what this selector placed
+  there since), else the evicted blocks' prefill times the chance they are wanted again
+  (`catsproto.selector.occupancy`). It spreads new prefixes over the caches and keeps a
+  conversation on its holder. Not time the request waits: the price of a choice.
 
 Scores are computed for all instances at once on the service table's arrays; only
 instances holding part of the prefix get individual work. With `spread_ms` > 0 the
@@ -59,6 +65,7 @@ from catsproto.selector.decision import (
 from catsproto.selector.holders import _Holders, _new_estimate, _Priced
 from catsproto.selector.index import KeyIndex
 from catsproto.selector.network import Network, Path
+from catsproto.selector.occupancy import CacheLedger
 from catsproto.selector.pending import PendingWork
 from catsproto.selector.rib import RIB, Instance, IPAddress, ServiceTable
 from catsproto.wire import Tier
@@ -90,6 +97,15 @@ def _leaders(total: np.ndarray) -> list[int]:
     return [first, second]
 
 
+def _new_blocks(tokens: int, block_tokens: np.ndarray, plan: _Holders | None) -> np.ndarray:
+    """Per candidate, the whole blocks of the prompt it would store: all of them, less
+    the run a holder has (its expected cached tokens, as its prefill is priced)."""
+    new = np.floor(tokens / block_tokens)
+    if plan is not None and plan.src >= 0:
+        new[plan.idx] = np.floor(plan.uncached / block_tokens[plan.idx])
+    return new
+
+
 def _mix64(x: int) -> int:
     """SplitMix64 finaliser: a well-spread 64-bit hash of an integer."""
     x &= 0xFFFFFFFFFFFFFFFF
@@ -106,6 +122,7 @@ class PathSelector:
         self._index: dict[int, KeyIndex] = {}
         self._plans: dict[int, dict[tuple[bytes, int, int], _Holders]] = {}
         self._pending: dict[int, PendingWork] = {}
+        self._ledgers: dict[int, CacheLedger] = {}
         self._site_paths: dict[tuple[str, int], Path | None] = {}
         self._draws = 0
         # (node, CS-ID) -> (version, delay, bandwidth, the sites they were worked out for)
@@ -240,6 +257,15 @@ class PathSelector:
             self._pending[table.cs_id] = pend
         return pend
 
+    def _ledger_for(self, table: ServiceTable) -> CacheLedger:
+        """The per-slot record of blocks this selector placed, grown with the table."""
+        ledger = self._ledgers.get(table.cs_id)
+        if ledger is None:
+            cfg = self.config
+            peers = cfg.peer_selectors if cfg.pending == "count" else 1
+            ledger = self._ledgers[table.cs_id] = CacheLedger(peers, cfg.reuse_horizon_ms)
+        return ledger
+
     def _slot_of(self, cs_id: int, address: IPAddress) -> tuple[ServiceTable, int] | None:
         table = self.rib.services.get(cs_id)
         inst = table.by_address.get(address) if table is not None else None
@@ -265,6 +291,7 @@ class PathSelector:
         if found is None:
             return False
         table, slot = found
+        self._ledger_for(table).remove(table, slot)
         return self._pending_for(table).pop_last(table, slot) is not None
 
     def forget(self, cs_id: int, address: IPAddress, sent_ms: int, tokens: float) -> bool:
@@ -275,6 +302,7 @@ class PathSelector:
         if found is None:
             return False
         table, slot = found
+        self._ledger_for(table).remove(table, slot, sent_ms)
         return self._pending_for(table).remove(table, slot, sent_ms, tokens)
 
     def queued_ms(self, cs_id: int, address: IPAddress, now_ms: int) -> float:
@@ -347,6 +375,14 @@ class PathSelector:
         prefill_full = tokens * ms_per_token
         base = rtt + upload
         base += queue
+        evictions, block_tokens, ledger = None, None, None
+        if cfg.price_evictions:
+            ledger = self._ledger_for(table)
+            ledger.refresh(table)
+            block_tokens = table.block_size[pick].astype(np.float64)
+            block_tokens[block_tokens <= 0] = cfg.default_block_size
+            evictions = ledger.terms(table, pick, now_ms, block_tokens, ms_per_token)
+        placed = base  # rtt + upload + queue, with the eviction term once priced
         keys = request.block_keys
         if request.key_space is not None:
             # the others' summaries name keys of another space: they hold none of these
@@ -356,10 +392,17 @@ class PathSelector:
         plan = self._holders(table, keys, tokens, candidates, slots, pick) if len(keys) else None
         stages = 0
         while True:
-            total = base + prefill_full
+            new_blocks = evicted = None
+            if evictions is not None and block_tokens is not None:
+                new_blocks = _new_blocks(tokens, block_tokens, plan)
+                evicted, evict_ms = evictions.price(new_blocks)
+                placed = base + evict_ms
+            total = placed + prefill_full
             priced = _Priced(rtt, upload, queue, total, prefill_full)
+            if evicted is not None:
+                priced.evicted, priced.evict = evicted, evict_ms
             if plan is not None and plan.src >= 0:
-                priced.price_holders(plan, table, keys, base, ms_per_token)
+                priced.price_holders(plan, table, keys, placed, ms_per_token)
             # what the candidates are ranked by: `total` itself unless work is weighed
             rank = priced.ranking(cfg.work_weight)
             order = _leaders(rank)
@@ -369,7 +412,7 @@ class PathSelector:
                 and plan.src >= 0
                 and plan.src_cached_tokens > 0
                 and self._consider_remote(
-                    table, pick, plan, base, ms_per_token, request, priced, order, rank
+                    table, pick, plan, placed, ms_per_token, request, priced, order, rank
                 )
             ):
                 rank = priced.ranking(cfg.work_weight)
@@ -438,7 +481,7 @@ class PathSelector:
         carried = None
         offer = request.carried_pull
         if offer is not None and offer.source not in table.by_address:
-            at, carried = self._carried(table, slots, base, request, offer, priced)
+            at, carried = self._carried(table, slots, placed, request, offer, priced)
             own = float(rank[order[0]])
             offer_rank = carried.total_ms
             if cfg.work_weight:
@@ -450,6 +493,9 @@ class PathSelector:
         pend.add(table, chosen_slot, now_ms, work)
         if pend.drain:
             pend.drain_ms(table, chosen_slot, now_ms)
+        if ledger is not None and new_blocks is not None:
+            at_chosen = int(np.searchsorted(slots, chosen_slot))
+            ledger.add(table, chosen_slot, now_ms, float(new_blocks[at_chosen]))
         return Decision(best, runner, len(slots), carried)
 
     def _carried(
@@ -471,6 +517,7 @@ class PathSelector:
         total = base + offer.fetch_ms
         total += offer.prefill_ms
         i = int(np.argmin(total))
+        evicted, evict_ms = priced.eviction(i)
         inst = table.instances[int(slots[i])]
         assert inst is not None
         path = self._path(request.ingress, inst.site_id)
@@ -489,6 +536,8 @@ class PathSelector:
             fetch_ms=float(offer.fetch_ms),
             prefill_ms=float(offer.prefill_ms),
             total_ms=float(total[i]),
+            evicted_blocks=evicted,
+            evict_ms=evict_ms,
         )
 
     def _holders(
@@ -718,6 +767,7 @@ class PathSelector:
         inst, src = instances
         path = self._path(request.ingress, inst.site_id)
         cached, expected, fetch, prefill = priced.terms(i)
+        evicted, evict_ms = priced.eviction(i)
         return _new_estimate(
             address=inst.address,
             site_id=inst.site_id,
@@ -733,4 +783,6 @@ class PathSelector:
             fetch_ms=fetch,
             prefill_ms=prefill,
             total_ms=float(priced.total[i]),
+            evicted_blocks=evicted,
+            evict_ms=evict_ms,
         )
