@@ -10,6 +10,10 @@ It runs in the client host's namespace (`catsproto.lab.flows.run_client` style):
 
     python -m catsproto.lab.engine_client ask --url URL --token-file F --prompt-json P
     python -m catsproto.lab.engine_client replay --url URL --token-file F --workload W
+
+A peer router in the benchmark (`catsproto.lab.peers`) takes no token: without
+``--token-file`` the client sends a placeholder key, as an `openai` user of an open
+router does.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ DECISION_HEADERS = (
     "x-catsproto-estimated-ttft-ms",
     "x-catsproto-decision-ms",
 )
+
+
+NO_TOKEN = "no-token"  # the openai client wants some api_key; an open router ignores it
 
 
 def _client(url: str, token: str, timeout: float = 120.0) -> Any:
@@ -140,14 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="engine_client", description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=["ask", "replay"])
     p.add_argument("--url", required=True, help="the ingress, http://ADDRESS:PORT")
-    p.add_argument("--token-file", required=True, help="the ingress's bearer token")
+    p.add_argument(
+        "--token-file", help="the ingress's bearer token (none: a router that takes no token)"
+    )
     p.add_argument("--model", default="catsproto-tiny")
     p.add_argument("--prompt-json", help="ask: a JSON list of prompts (strings or token ids)")
     p.add_argument("--workload", help="replay: a JSON list of {t_s, prompt, max_tokens}")
     p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--policy", help="x-catsproto-policy header (e.g. nearest: network-only CATS)")
     args = p.parse_args(argv)
-    token = read_secret_file(args.token_file, "API token file").decode().strip()
+    token = (
+        read_secret_file(args.token_file, "API token file").decode().strip()
+        if args.token_file
+        else NO_TOKEN
+    )
     headers = {"x-catsproto-policy": args.policy} if args.policy else None
     if args.mode == "ask":
         if not args.prompt_json:
