@@ -658,13 +658,66 @@ def _print_steering(lab: Any, receiver: str) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    """Container entrypoint: shape this node's links, render its config, run its daemon."""
+    """Container entrypoint: wait for this node's links, configure and shape them, render
+    its config, run its daemons until one exits or SIGTERM comes."""
     from catsproto.lab import container
 
     name = args.node or os.environ.get("CATSPROTO_NODE")
     if not name:
         raise UsageError("which node? give --node or set CATSPROTO_NODE")
-    return container.run_node(_topology_path(args.topology), name)
+    return container.run_node(_topology_path(args.topology), name, wait=args.wait)
+
+
+def _container_lab(args: argparse.Namespace) -> Any:
+    from catsproto.lab import deploy
+
+    try:
+        return deploy.ContainerLab(deploy.load_plan(_topology_path(args.topology)))
+    except deploy.DeployError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Deploy a topology in Docker containers as containerlab would (`catsproto.lab.deploy`)."""
+    from catsproto.lab import deploy
+
+    lab = _container_lab(args)
+    if not deploy.daemon_answers():
+        raise UsageError(
+            "no Docker daemon answers: start one (`dockerd --bridge=none --iptables=false "
+            "--ip-forward=false &`, or `scripts/lab-image --keep-daemon`)"
+        )
+    try:
+        lab.deploy(progress=lambda line: print(f"deploy: {line}"))
+    except deploy.DeployError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        return 1
+    for node, plan in lab.plan.containers.items():
+        print(f"  {plan.container:<24} {node}")
+    print(f"destroy with: {catsproto_command()} lab destroy {args.topology}")
+    return 0
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    """Stop and remove a deployed topology's containers (SIGTERM first)."""
+    from catsproto.lab import deploy
+
+    lab = _container_lab(args)
+    if not deploy.daemon_answers():
+        print("destroy: no Docker daemon answers: nothing is deployed")
+        return 0
+    names = lab.running()
+    try:
+        lab.destroy()
+    except deploy.DeployError as exc:
+        print(f"destroy: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"destroy: {len(names)} containers of {lab.name} removed"
+        if names
+        else f"destroy: nothing of {lab.name} was deployed"
+    )
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -877,4 +930,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the topology the container belongs to: a .clab.yml file, or cats3 / cats4 / catsrr",
     )
     p.add_argument("--node", help="the node's name in it (default: $CATSPROTO_NODE)")
+    p.add_argument(
+        "--wait",
+        type=seconds(),
+        default=300.0,
+        help="seconds to wait for the node's link interfaces, which containerlab adds after "
+        "the container starts (default 300)",
+    )
     p.set_defaults(func=cmd_node)
+
+    for action, func, text in (
+        (
+            "deploy",
+            cmd_deploy,
+            "Start a topology in Docker containers wired as containerlab wires them "
+            "(containers clab-<lab>-<node>, one veth pair per link, named as the endpoints), "
+            "for machines without containerlab; `containerlab deploy` does the same where "
+            "it is installed (docs/howto-containerlab.md says where the two differ). "
+            "Needs root, a running Docker daemon and the node image (scripts/lab-image).",
+        ),
+        (
+            "destroy",
+            cmd_destroy,
+            "Stop (SIGTERM, then SIGKILL after 10 s) and remove the containers of a topology "
+            "deployed by `lab deploy` or containerlab, and their namespaces' names.",
+        ),
+    ):
+        p = sub.add_parser(action, help=text.split(" (")[0].split(";")[0], description=text)
+        p.add_argument("topology", help="a .clab.yml file, or cats3 / cats4 / catsrr")
+        p.set_defaults(func=func)

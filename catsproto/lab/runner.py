@@ -181,7 +181,7 @@ def host_nodes(topology: Topology) -> list[str]:
     return list(seen)
 
 
-def _gateway(topology: Topology, node: str) -> str | None:
+def gateway(topology: Topology, node: str) -> str | None:
     """The address of the other end of `node`'s first addressed link."""
     for link in topology.links:
         for local, remote in ((link.a, link.b), (link.b, link.a)):
@@ -203,10 +203,10 @@ def _dataplane(lab: Lab) -> None:
 
 
 def _default_route(lab: Lab, node: str) -> None:
-    gateway = _gateway(lab.topology, node)
-    if gateway is not None:
+    via = gateway(lab.topology, node)
+    if via is not None:
         with NetNS(lab.handle.ns(node)) as ns:
-            ns.route("replace", dst="0.0.0.0/0", gateway=gateway)
+            ns.route("replace", dst="0.0.0.0/0", gateway=via)
 
 
 def _start_frr(lab: Lab, node: str) -> None:
