@@ -35,6 +35,7 @@ from catsproto.adapters.steering import (
 from catsproto.keys import BlockKeyer
 from catsproto.lab import instances
 from tests.test_steering import NEXT_HOPS, _config, _rib_json
+from tests.waits import wait_until
 
 TOKEN = b"t0k3n-for-the-hostile-tests-0123456789"
 RIGHT_GUESS = {"cs_id": 100, "prompt_token_ids": instances.demo_prompt(3)}  # cached at site 3
@@ -280,11 +281,18 @@ def test_a_keepalive_connection_serves_many_requests_each_under_the_deadline(ser
 
 def test_connections_over_the_bound_get_503_and_the_bound_frees_up(service):
     srv = SteeringServer(service, read_timeout=5.0, max_handlers=2).start()
-    holders = [socket.create_connection(_address(srv.url), timeout=5) for _ in range(2)]
+    holders = []
     try:
-        for s in holders:  # each holds a handler: a request that is not finished
-            s.sendall(b"POST /decide HTTP/1.1\r\nContent-Length: 50\r\n\r\n")
-        time.sleep(0.3)
+        for n in (1, 2):  # each holds a handler: a request whose body is not sent
+            holders.append(socket.create_connection(_address(srv.url), timeout=5))
+            holders[-1].sendall(b"POST /decide HTTP/1.1\r\nContent-Length: 50\r\n\r\n")
+            # its head is in: no longer a connection a newcomer may evict
+            wait_until(
+                f"holder {n}'s head read",
+                lambda n=n: srv.in_service == n and srv.waiting == 0,
+                5,
+                seen=lambda: (srv.in_service, srv.waiting),
+            )
         reply = _raw(srv.url, _post("/decide", json.dumps(RIGHT_GUESS).encode()))
         assert _status(reply) == 503 and "too many connections" in _body(reply)["error"]
         assert b"Connection: close" in reply
