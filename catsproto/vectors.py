@@ -120,6 +120,34 @@ NEGATIVE: list[tuple[str, str, type[wire.CodecError], int, int | None]] = [
         60,
         16,
     ),
+    (
+        "basis-window-zero",  # a statistic over no time at all
+        HEADER + " 0013 000d 0000000000000000 01 000003e8",
+        wire.BadValueError,
+        55,
+        19,
+    ),
+    (
+        "basis-normalisation-zero",  # 0 is reserved, as Kind 0 of a summary entry
+        HEADER + " 0013 000d 0000000000002710 00 000003e8",
+        wire.BadValueError,
+        63,
+        19,
+    ),
+    (
+        "basis-reference-zero",  # R = 0 would score every queue 0
+        HEADER + " 0013 000d 0000000000002710 01 00000000",
+        wire.BadValueError,
+        64,
+        19,
+    ),
+    (
+        "basis-length-short",  # a Reference Delay of 2 octets: the field runs past the TLV
+        HEADER + " 0013 000b 0000000000002710 01 03e8",
+        wire.TruncatedError,
+        64,
+        19,
+    ),
     ("mandatory-missing", " ".join([VERSION, ORIGIN, SEQUENCE]), wire.BadValueError, 0, None),
     (
         "model-id-not-utf8",  # the lengths match the octets: only the UTF-8 check fails

@@ -113,7 +113,7 @@ def test_inspect_refuses_every_malformed_vector_of_the_draft(tmp_path, capsys):
     routes = _vectors_capture(capture)
     refused = len(VECTORS["negative"]) + sum(not v["accepted"] for v in VECTORS["attributes"])
     accepted = len(routes) - refused
-    assert (len(routes), refused) == (52, 40)
+    assert (len(routes), refused) == (56, 44)
 
     assert main(["inspect", str(capture)]) == 1
     out = capsys.readouterr().out

@@ -257,6 +257,15 @@ CatsMetricsL1 = _tlv(
     codes.TLVType.METRICS_L1, "CatsMetricsL1", [_list("scores", CatsL1Score, _rest(0))]
 )
 CatsMetricsL2 = _tlv(codes.TLVType.METRICS_L2, "CatsMetricsL2", [ByteField("score", 0)])
+CatsMetricsBasis = _tlv(
+    codes.TLVType.METRICS_BASIS,
+    "CatsMetricsBasis",
+    [
+        LongField("window_ms", 10_000),
+        ByteEnumField("normalisation", 1, _enum_names(codes.NormalisationFunction)),
+        IntField("reference_ms", 1000),
+    ],
+)
 CatsCacheModel = _tlv(
     codes.TLVType.CACHE_MODEL,
     "CatsCacheModel",
@@ -340,6 +349,7 @@ TLV_CLASSES: dict[int, type[CatsTLV]] = {
         CatsMetricsL0,
         CatsMetricsL1,
         CatsMetricsL2,
+        CatsMetricsBasis,
         CatsCacheModel,
         CatsCacheSummaries,
         CatsCapacity,

@@ -2,16 +2,19 @@
 
 Strategy. The instance reports a `ComputeState` (queue, outstanding prefill tokens,
 prefill rate, utilisation); everything else is derived here, deterministically, so a
-receiver could recompute the scores from the L0 values. The estimated queueing delay
-(outstanding prefill tokens ÷ prefill rate) is the figure that matters for time to first
-token, so it appears as an L0 `ttft` value (source: estimated) and drives the service
-score. Scores follow the CATS metric framework: 0 worst, 10 best.
+receiver could recompute the scores from the L0 values and the Metrics Basis TLV that
+names the function and its reference delay. The estimated queueing delay (outstanding
+prefill tokens ÷ prefill rate) is the figure that matters for time to first token, so it
+appears as an L0 `queue-delay` value (type 7, source: estimated; -00 called the type
+`ttft`) and drives the service score. Scores follow the CATS metric framework: 0 worst,
+10 best; 0-3 low, 4-7 medium, 8-10 high (the WG's score semantics).
 
-L1 scores:
-  compute = 10 × (1 − utilisation)                            (utilisation in 0..1)
-  service = 10 × ref / (ref + wait_ms)                        (ref: `wait_ref_ms`)
+L1 scores (normalisation function 1, queue-reference):
+  computing = 10 × (1 − utilisation)                          (utilisation in 0..1)
+  service   = 10 × ref / (ref + wait_ms)                      (ref: `wait_ref_ms`)
 L2 score = the smaller of the two (an instance is as good as its weaker side).
-All are rounded half up and clamped to 0..10.
+All are rounded half up and clamped to 0..10. No communication score: the origin does
+not know the path to a selector; the selector adds the network itself.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ from catsproto.wire import (
     L0Metric,
     L1Score,
     MetricCategory,
+    MetricsBasis,
     MetricsL0,
     MetricsL1,
     MetricsL2,
+    NormalisationFunction,
     Source,
     Statistic,
     Unit,
 )
 
 __all__ = [
+    "DEFAULT_BASIS",
     "METRIC_GPU_UTILIZATION",
     "METRIC_KV_CACHE_UTILIZATION",
     "METRIC_OUTSTANDING_PREFILL_TOKENS",
     "METRIC_PREFILL_THROUGHPUT",
+    "METRIC_QUEUE_DELAY",
     "METRIC_RUNNING_REQUESTS",
     "METRIC_TTFT",
     "METRIC_WAITING_REQUESTS",
@@ -51,7 +58,8 @@ METRIC_RUNNING_REQUESTS = 2
 METRIC_WAITING_REQUESTS = 3
 METRIC_PREFILL_THROUGHPUT = 4
 METRIC_KV_CACHE_UTILIZATION = 6
-METRIC_TTFT = 7
+METRIC_QUEUE_DELAY = 7  # the estimated queueing delay; -00 named type 7 "ttft"
+METRIC_TTFT = METRIC_QUEUE_DELAY  # the -00 name, for callers
 METRIC_OUTSTANDING_PREFILL_TOKENS = 11
 
 
@@ -87,9 +95,32 @@ class ComputeState:
 
 @dataclass(frozen=True, slots=True)
 class ScoreScale:
-    """Reference points of the normalisation; `wait_ref_ms` scores 5 on service."""
+    """Parameters of the normalisation, advertised in the Metrics Basis TLV.
+
+    wait_ref_ms: the queueing delay that scores 5 on service (R; whole milliseconds, at
+    least 1, as the TLV carries it). window_ms: the Measurement Window advertised; the
+    WG's default, 10 s. This origin sends only statistic `current`, so nothing it sends
+    is averaged over the window.
+    """
 
     wait_ref_ms: float = 1000.0
+    window_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        ref = self.wait_ref_ms
+        if not math.isfinite(ref) or ref < 1 or ref != int(ref) or ref > 0xFFFFFFFF:
+            raise ValueError(f"wait_ref_ms must be whole milliseconds 1..2^32-1, got {ref}")
+        if not 1 <= self.window_ms <= 0xFFFFFFFFFFFFFFFF:
+            raise ValueError(f"window_ms must be 1..2^64-1, got {self.window_ms}")
+
+    def basis(self) -> MetricsBasis:
+        """The Metrics Basis TLV that states these parameters."""
+        return MetricsBasis(
+            self.window_ms, NormalisationFunction.QUEUE_REFERENCE, int(self.wait_ref_ms)
+        )
+
+
+DEFAULT_BASIS = ScoreScale().basis()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +128,7 @@ class CatsMetrics:
     l0: MetricsL0
     l1: MetricsL1
     l2: MetricsL2
+    basis: MetricsBasis = DEFAULT_BASIS
 
     @property
     def score(self) -> int:
@@ -136,7 +168,7 @@ def cats_metrics(state: ComputeState, scale: ScoreScale | None = None) -> CatsMe
                 meas,
                 100.0 * _clamp01(state.kv_utilisation),
             ),
-            L0Metric(METRIC_TTFT, Unit.MILLISECONDS, cur, est, wait),
+            L0Metric(METRIC_QUEUE_DELAY, Unit.MILLISECONDS, cur, est, wait),
             L0Metric(
                 METRIC_OUTSTANDING_PREFILL_TOKENS,
                 Unit.COUNT,
@@ -146,9 +178,9 @@ def cats_metrics(state: ComputeState, scale: ScoreScale | None = None) -> CatsMe
             ),
         )
     )
-    compute = _score(10.0 * (1.0 - util))
+    computing = _score(10.0 * (1.0 - util))
     service = _score(10.0 * scale.wait_ref_ms / (scale.wait_ref_ms + wait))
     l1 = MetricsL1(
-        (L1Score(MetricCategory.COMPUTE, compute), L1Score(MetricCategory.SERVICE, service))
+        (L1Score(MetricCategory.COMPUTING, computing), L1Score(MetricCategory.SERVICE, service))
     )
-    return CatsMetrics(l0, l1, MetricsL2(min(compute, service)))
+    return CatsMetrics(l0, l1, MetricsL2(min(computing, service)), scale.basis())

@@ -26,6 +26,7 @@ from catsproto.wire.tlvs import (
     CacheSummaries,
     Capacity,
     HotPrefixes,
+    MetricsBasis,
     MetricsL0,
     MetricsL1,
     MetricsL2,
@@ -104,6 +105,10 @@ class Advertisement:
     @property
     def metrics_l2(self) -> MetricsL2 | None:
         return self.get(MetricsL2)
+
+    @property
+    def metrics_basis(self) -> MetricsBasis | None:
+        return self.get(MetricsBasis)
 
     @property
     def cache_model(self) -> CacheModel | None:

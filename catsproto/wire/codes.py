@@ -21,6 +21,7 @@ class TLVType(enum.IntEnum):
     METRICS_L0 = 16
     METRICS_L1 = 17
     METRICS_L2 = 18
+    METRICS_BASIS = 19
     CACHE_MODEL = 32
     CACHE_SUMMARIES = 33
     CAPACITY = 34
@@ -77,8 +78,11 @@ class KeyScheme(enum.IntEnum):
 
 
 class MetricCategory(enum.IntEnum):
-    """CATS metric framework L1 categories."""
+    """CATS metric framework L1 categories, named as the WG's metric definitions name
+    them ("computing", draft-ietf-cats-metric-definition Section 3.3); `COMPUTE` is the
+    -00 name of code 1, kept as an alias for callers."""
 
+    COMPUTING = 1
     COMPUTE = 1
     COMMUNICATION = 2
     SERVICE = 3
@@ -108,6 +112,17 @@ class Statistic(enum.IntEnum):
     P50 = 5
     P95 = 6
     P99 = 7
+
+
+class NormalisationFunction(enum.IntEnum):
+    """How an origin computed its L1 and L2 scores from its L0 values (Metrics Basis TLV).
+
+    QUEUE_REFERENCE: computing = 10 x (1 - utilisation), service = 10 x R / (R + W) with
+    W the estimated queueing delay and R the advertised reference delay, L2 = the smaller
+    (`catsproto.node.metrics`). Codes not listed are kept as numbers (`OpenEnum`).
+    """
+
+    QUEUE_REFERENCE = 1
 
 
 class Source(enum.IntEnum):
@@ -155,6 +170,7 @@ class L0MetricType(enum.IntEnum):
     PREFILL_THROUGHPUT = 4
     DECODE_THROUGHPUT = 5
     KV_CACHE_UTILIZATION = 6
+    QUEUE_DELAY = 7  # -00 called it TTFT; it is the queueing part of a TTFT only
     TTFT = 7
     INTER_TOKEN_LATENCY = 8
     NETWORK_DELAY = 9

@@ -18,6 +18,7 @@ from catsproto.wire.codes import (
     AeadAlgorithm,
     KeyScheme,
     MetricCategory,
+    NormalisationFunction,
     ScopeKind,
     SignatureAlgorithm,
     Source,
@@ -159,6 +160,36 @@ class MetricsL2(TLV):
     malformed, as an L1 score above 10 is."""
 
     score: Annotated[int, UInt(1, 0, 10)]
+
+
+# The WG's default Measurement_Window (draft-ietf-cats-metric-definition, Sections
+# 6.1.3.5 and 6.2.3.5 to 6.5.3.5 of the editor's copy of 2 March 2026): 10 s.
+DEFAULT_WINDOW_MS = 10_000
+U32_MAX = (1 << 32) - 1
+
+
+@define_tlv(TLVType.METRICS_BASIS, on_error=ErrorAction.ATTRIBUTE_DISCARD)
+class MetricsBasis(TLV):
+    """What the origin's metrics are measured over and how its scores were computed.
+
+    window_ms: the Measurement Window, u64 milliseconds, at least 1: the time before the
+    Timestamp over which every L0 entry with a statistic other than `current` (mean,
+    min, max, percentiles) was taken, and the L0 inputs of the L1 and L2 scores.
+    normalisation: 1..255 (0 is malformed); 1 = queue-reference. A code
+    `NormalisationFunction` does not name stays a plain int and re-encodes unchanged: a
+    receiver cannot recompute such scores and uses them only as the WG's score bands.
+    reference_ms: the reference delay R of queue-reference (the queueing delay that
+    scores 5 on service), u32 milliseconds, at least 1. 13 bytes.
+    """
+
+    window_ms: Annotated[int, UInt(8, 1)]
+    normalisation: Annotated[NormalisationFunction | int, OpenEnum(UInt(1, 1))]
+    reference_ms: Annotated[int, UInt(4, 1)]
+
+    @property
+    def has_known_normalisation(self) -> bool:
+        """Whether this codec names the function (else the scores cannot be recomputed)."""
+        return int(self.normalisation) in NormalisationFunction._value2member_map_
 
 
 @define_tlv(TLVType.CACHE_MODEL)
@@ -494,6 +525,7 @@ DEFAULT_REGISTRY = Registry(
         MetricsL0,
         MetricsL1,
         MetricsL2,
+        MetricsBasis,
         CacheModel,
         CacheSummaries,
         Capacity,

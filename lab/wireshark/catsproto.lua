@@ -34,7 +34,7 @@ end
 
 local TLV_NAMES = names({
   [1] = "version", [2] = "origin", [3] = "sequence", [4] = "timestamp",
-  [16] = "metrics-l0", [17] = "metrics-l1", [18] = "metrics-l2",
+  [16] = "metrics-l0", [17] = "metrics-l1", [18] = "metrics-l2", [19] = "metrics-basis",
   [32] = "cache-model", [33] = "cache-summaries", [34] = "capacity",
   [35] = "hot-prefixes", [36] = "sealed-cache", [254] = "delegation", [255] = "signature",
 })
@@ -42,7 +42,8 @@ local ENUMS = {
   tier = { [1] = "hbm", [2] = "dram", [3] = "ssd", [4] = "remote" },
   kind = { [1] = "exact", [2] = "bloom", [3] = "fuse", [4] = "delta" },
   key_scheme = { [1] = "blake2b64-chained" },
-  category = { [1] = "compute", [2] = "communication", [3] = "service", [4] = "composed" },
+  category = { [1] = "computing", [2] = "communication", [3] = "service", [4] = "composed" },
+  normalisation = { [1] = "queue-reference" },
   unit = { [1] = "count", [2] = "percent", [3] = "milliseconds", [4] = "microseconds",
            [5] = "bits-per-second", [6] = "bytes", [7] = "tokens-per-second",
            [8] = "requests-per-second" },
@@ -54,7 +55,7 @@ local ENUMS = {
   scope_kind = { [1] = "cs-id", [2] = "route", [3] = "address", [4] = "site" },
   metric_type = { [1] = "gpu-utilization", [2] = "running-requests", [3] = "waiting-requests",
                   [4] = "prefill-throughput", [5] = "decode-throughput",
-                  [6] = "kv-cache-utilization", [7] = "ttft", [8] = "inter-token-latency",
+                  [6] = "kv-cache-utilization", [7] = "queue-delay", [8] = "inter-token-latency",
                   [9] = "network-delay", [10] = "network-bandwidth",
                   [11] = "outstanding-prefill-tokens" },
 }
@@ -145,6 +146,10 @@ local LAYOUTS = {
   [17] = { "metrics_l1", { { "scores", "items", order = { "category" }, item = {
     { "category", "enum8", names = "category" }, { "score", "u8", max = 10 } } } } },
   [18] = { "metrics_l2", { { "score", "u8", max = 10 } } },
+  [19] = { "metrics_basis", { { "window_ms", "u64" },
+                              { "normalisation", "enum8", names = "normalisation", open = true,
+                                min = 1 },
+                              { "reference_ms", "u32", min = 1 } } },
   [32] = { "cache_model", { { "model_id", "text8" }, { "block_size", "u32", min = 1 },
                             { "key_scheme", "enum8", names = "key_scheme", open = true, min = 1 },
                             { "secret_id", "u32" } } },
@@ -211,6 +216,9 @@ end
 
 -- TLV name -> check of the TLV's record; list name -> check of each of its items
 local CHECKS = {
+  metrics_basis = function(rec)
+    if tostring(rec.window_ms) == "0" then return "window_ms 0 outside 1..2^64-1" end
+  end,
   capacity = function(rec)
     if rec.free_blocks > rec.total_blocks then return "free_blocks above total_blocks" end
   end,
