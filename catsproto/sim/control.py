@@ -225,6 +225,8 @@ class ControlPlane:
                     spread_ms=sc.selector_spread_ms,
                     peer_selectors=k if sc.selector_peers else 1,
                     seed=sc.seed * 1000 + x,
+                    price_evictions=sc.price_evictions,
+                    reuse_horizon_ms=sc.reuse_horizon_ms,
                 ),
             )
             for x in range(k)

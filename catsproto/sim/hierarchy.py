@@ -91,6 +91,8 @@ class HierarchicalControlPlane(ControlPlane):
                     spread_ms=0.0,  # the only C-PS sending work here: no herd to break
                     pending="drain",  # ... and its count of work sent is complete
                     seed=sc.seed * 1000 + 500 + s,
+                    price_evictions=sc.price_evictions,
+                    reuse_horizon_ms=sc.reuse_horizon_ms,
                 ),
             )
             for s, name in enumerate(sc.sites)

@@ -90,6 +90,8 @@ class Scenario:
     request_bytes_per_token: float  # upload term of the selector; 0 leaves it out
     selector_spread_ms: float  # selector's near-equal margin (power of two choices); 0: off
     selector_peers: bool  # each C-PS counts its own recent decisions once per C-PS
+    price_evictions: bool  # selectors price what a placement evicts (selector.occupancy)
+    reuse_horizon_ms: float  # ... valuing an evicted block by exp(-its LRU age / this)
     site_dispatch: bool  # ingress C-PS picks the site, the site's own C-PS the instance
     site_sticky_ms: float  # site C-PS: keep a prefix on its holder if within this margin
     site_bounce: bool  # site C-PS: hand a request back to its ingress's site if faster
@@ -172,6 +174,8 @@ class Scenario:
                 request_bytes_per_token=_real(d, "request_bytes_per_token", 0.0),
                 selector_spread_ms=_real(d, "selector_spread_ms", 0.0),
                 selector_peers=_flag(d, "selector_peers", False),
+                price_evictions=_flag(d, "price_evictions", True),
+                reuse_horizon_ms=_real(d, "reuse_horizon_ms", 120_000.0, positive=True),
                 site_dispatch=_flag(d, "site_dispatch", False),
                 site_sticky_ms=_real(d, "site_sticky_ms", 0.0),
                 site_bounce=_flag(d, "site_bounce", False),
@@ -330,6 +334,8 @@ class Scenario:
             "request_bytes_per_token": self.request_bytes_per_token,
             "selector_spread_ms": self.selector_spread_ms,
             "selector_peers": self.selector_peers,
+            "price_evictions": self.price_evictions,
+            "reuse_horizon_ms": self.reuse_horizon_ms,
             "site_dispatch": self.site_dispatch,
             "site_sticky_ms": self.site_sticky_ms,
             "site_bounce": self.site_bounce,
@@ -638,6 +644,8 @@ _OPTIONAL = {
     "request_bytes_per_token",
     "selector_spread_ms",
     "selector_peers",
+    "price_evictions",
+    "reuse_horizon_ms",
     "site_dispatch",
     "site_sticky_ms",
     "site_bounce",
