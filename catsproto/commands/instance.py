@@ -210,6 +210,7 @@ def _signed_routes(args: argparse.Namespace) -> SignedRoutes | None:
     values whose signature they verified, so either would put nothing usable in BGP."""
     from catsproto import security
     from catsproto.adapters.exabgp_announce import Spool
+    from catsproto.adapters.file_modes import FileModeError
     from catsproto.adapters.signed_routes import SignedRoutes, read_group_key, read_signing_key
 
     if args.signing_key is None:
@@ -236,6 +237,8 @@ def _signed_routes(args: argparse.Namespace) -> SignedRoutes | None:
     if args.spool is not None:
         try:
             spool = Spool(args.spool)
+        except FileModeError as exc:
+            raise UsageError(f"--spool: {exc}") from None
         except OSError as exc:
             raise UsageError(
                 f"--spool {args.spool}: cannot make it the spool folder: {exc.strerror or exc}"
