@@ -68,6 +68,8 @@ BAD: list[tuple[str, str, Any, str]] = [
     ("s1", "request_bytes_per_token", math.nan, "request_bytes_per_token nan is not"),
     ("s1", "selector_spread_ms", -2.0, "selector_spread_ms -2.0 is not a finite number >= 0"),
     ("s1", "selector_spread_ms", math.nan, "selector_spread_ms nan is not"),
+    ("s1", "reuse_horizon_ms", 0, "reuse_horizon_ms 0 is not a finite number > 0"),
+    ("s1", "reuse_horizon_ms", math.inf, "reuse_horizon_ms inf is not"),
     ("s1", "site_sticky_ms", math.nan, "site_sticky_ms nan is not"),
     ("s1", "site_sticky_ms", -30.0, "site_sticky_ms -30.0 is not"),
     ("s1", "remote_margin_ms", -0.5, "remote_margin_ms -0.5 is not"),
@@ -135,6 +137,7 @@ BAD: list[tuple[str, str, Any, str]] = [
             "site_bounce",
             "overflow_signal",
             "physical_arrival",
+            "price_evictions",
         )
     ),
     # ---- sites and round trips
