@@ -337,3 +337,64 @@ def stop_in_lab(lab: Any, running: RunningPeer) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             lab.handle.run(running.node, argv)  # a route the kernel dropped: nothing to do
     running.routes = []
+
+
+class LocalPeer:
+    """A peer as a child process of this one, in its own process group, on a loopback
+    address (tests, `benchmarks/ingress_overhead.py`); `close` ends it by its PID group."""
+
+    def __init__(
+        self,
+        peer: PeerRouter,
+        host: str,
+        port: int,
+        workers: list[str],
+        metrics_port: int,
+        log: Path,
+        *,
+        venv: Path | None = None,
+    ) -> None:
+        self.peer = peer
+        self.url = f"http://{host}:{port}"
+        self.workers = workers
+        self.log = log
+        argv = peer.argv(venv or peer_venv(peer), host, port, workers, metrics_port)
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NO_COLOR": "1"},
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
+        try:
+            return wait_for_workers(self.url, self.workers, self.alive, self.log, timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self, timeout: float = 10.0) -> None:
+        """SIGTERM the peer's process group, then SIGKILL what is left."""
+        import signal
+
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+    def __enter__(self) -> LocalPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
