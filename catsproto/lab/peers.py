@@ -137,18 +137,18 @@ INSTALLED_MARK = "catsproto-peer.json"  # written last: a venv without it is inc
 
 def peer_venv(peer: PeerRouter, root: Path | None = None) -> Path:
     """The peer's venv, installed first if absent: ``python -m venv`` and ``pip install
-    PACKAGE==VERSION`` into a fresh folder beside it, renamed into place only once both
-    succeeded (an interrupted install leaves nothing that looks usable)."""
+    PACKAGE==VERSION`` in place (a venv's scripts name its path, so it cannot be moved),
+    the mark file written only once both succeeded; a folder without the mark (an
+    interrupted install) is removed and made again, a failed install removed."""
     root = root or cache_root()
     venv = root / f"{peer.name}-{peer.version}"
     if (venv / INSTALLED_MARK).exists():
         return venv
     root.mkdir(parents=True, exist_ok=True)
-    work = root / f".{peer.name}-{peer.version}.{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(venv, ignore_errors=True)
     steps = [
-        [_base_python(), "-m", "venv", str(work)],
-        [str(work / "bin" / "python"), "-m", "pip", "install", "-q", peer.requirement],
+        [_base_python(), "-m", "venv", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", peer.requirement],
     ]
     try:
         for argv in steps:
@@ -161,11 +161,9 @@ def peer_venv(peer: PeerRouter, root: Path | None = None) -> Path:
                     f"{(out.stderr or out.stdout)[-1500:]}"
                 )
         mark = {"package": peer.package, "version": peer.version, "installed_at": time.time()}
-        (work / INSTALLED_MARK).write_text(json.dumps(mark))
-        shutil.rmtree(venv, ignore_errors=True)
-        work.rename(venv)
+        (venv / INSTALLED_MARK).write_text(json.dumps(mark))
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)
         raise
     return venv
 
