@@ -336,6 +336,18 @@ def load_now() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+SETTLE = {"s": 30.0}  # --settle: the longest wait for a quiet machine before a run
+
+
+def settle() -> float:
+    """Wait (at most `--settle` seconds) until the 1-minute load is at most the core
+    count, so one run's work does not slow the next; the seconds waited."""
+    started = time.monotonic()
+    while load_now() > (os.cpu_count() or 1) and time.monotonic() - started < SETTLE["s"]:
+        time.sleep(2)
+    return round(time.monotonic() - started, 1)
+
+
 def run_once(
     lab: runner.Lab,
     label: str,
@@ -349,6 +361,7 @@ def run_once(
     whose ground truth counts (our policies); peers have none."""
     reset_caches(lab, probes, ingresses)
     requests = sum(len(items) for _, items in parts)
+    waited = settle()
     load_start = load_now()
     print(f"{label}: {requests} requests, load {load_start}", file=sys.stderr, flush=True)
     before_gt = {n: _ground_truth(ingress_get(lab, "/metrics", n)) for n in ours}
@@ -366,6 +379,7 @@ def run_once(
         "wall_s": wall,
         # another job on the two cores slows the engines and shows here
         "load_1min": {"start": load_start, "end": load_end},
+        "settle_s": waited,
         "loaded": max(load_start, load_end) > (os.cpu_count() or 1),
         "cached_report_agreement": report_agreement(summary, by_engine),
     }
@@ -564,6 +578,13 @@ def main() -> int:
         choices=list(peers.PEERS),
         help="peer routers to run at each rate (cache_aware), after our policies",
     )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=30.0,
+        help="before each run wait up to this many seconds for the 1-minute load to fall "
+        "to the core count",
+    )
     p.add_argument("--out", help="write the JSON here as well as to stdout")
     p.add_argument("--results", help="write every request's result here (JSON)")
     p.add_argument("--render", metavar="JSON", help="print the docs' tables of a result file")
@@ -573,6 +594,7 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         raise SystemExit("engine_e2e needs root (the namespaced lab)")
+    SETTLE["s"] = args.settle
     from catsproto.adapters.trace_download import find_or_download_trace
 
     trace = Path(args.trace) if args.trace else find_or_download_trace()
