@@ -876,6 +876,7 @@ ENUM_TABLES: dict[str, type] = {
     "L0 Statistics": wire.Statistic,
     "L0 Sources": wire.Source,
     "L1 Metric Categories": wire.MetricCategory,
+    "Normalisation Functions": wire.NormalisationFunction,
     "Signature Algorithms": wire.SignatureAlgorithm,
     "Sealing Algorithms": wire.AeadAlgorithm,
     "Delegation Scope Kinds": wire.ScopeKind,
