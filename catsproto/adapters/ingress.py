@@ -17,12 +17,16 @@ Strategy. Three pure steps around one proxy:
     GET  /metrics       Prometheus text (token holders only when a token is configured)
     GET  /health        open; counts nothing of any cache
 
-The decision goes back in headers: ``x-catsproto-instance``, ``x-catsproto-site`` and
-``x-catsproto-decision-ms`` always; ``x-catsproto-expected-cached-blocks`` and
-``x-catsproto-estimated-ttft-ms`` only when an API token is configured (then every
-caller holds it): like the steering API's withheld fields, they tell whoever guesses a
-prompt whether it is cached. (The engine's own ``usage.prompt_tokens_details`` tells the
-same, and goes back unchanged: docs/ingress.md.)
+What a caller may learn. A token holder (an API token is configured, and then every
+caller but GET /health's holds it) is told the whole decision in headers
+(`DECISION_HEADERS`: the instance, its site, the expected cached blocks, the estimated
+TTFT, the decision's time) and gets the engine's answer unchanged. Anybody else (no
+token is configured) is told nothing of where a prompt went or what was cached there:
+no decision header, and the answer with ``usage.prompt_tokens_details`` and
+``system_fingerprint`` set to null (`openai_wire.public_answer`), as an engine without
+prompt-token details would send it. Which instance holds a guessed prompt, or that it
+is held at all, would otherwise be one request away (docs/security.md). GET /health
+without the token says only that the ingress is up.
 
 Ground truth. vLLM reports ``usage.prompt_tokens_details.cached_tokens`` per request.
 A non-streaming answer carries it; a stream carries it only when the client asked for
@@ -76,7 +80,6 @@ CHAT = "/v1/chat/completions"
 MAX_BODY = 4 << 20  # bytes: a request body over this is refused (413)
 RESOLVE_EVERY_S = 0.25  # how often pending ground-truth misses are held against the RIB
 OWNER = "catsproto"
-PUBLIC_HEADERS = ("instance", "site", "decision-ms")
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -167,7 +170,8 @@ class Prepared:
 
 @dataclass
 class Steered:
-    """Where a request goes, and what the selector expected there."""
+    """Where a request goes, and what the selector expected there (`estimate`: every
+    term of the chosen candidate's TTFT)."""
 
     address: str
     site: int
@@ -176,17 +180,26 @@ class Steered:
     decision_ms: float
     sequence: tuple[int, int]
     block_keys: np.ndarray
+    estimate: Estimate
 
-    def headers(self, full: bool) -> dict[str, str]:
-        out = {
-            "x-catsproto-instance": self.address,
-            "x-catsproto-site": str(self.site),
-            "x-catsproto-decision-ms": f"{self.decision_ms:.3f}",
-        }
-        if full:
-            out["x-catsproto-expected-cached-blocks"] = str(self.expected_blocks)
-            out["x-catsproto-estimated-ttft-ms"] = f"{self.estimated_ttft_ms:.3f}"
-        return out
+    def headers(self, token_holder: bool) -> dict[str, str]:
+        """The decision headers a caller is sent: all of `DECISION_HEADERS` to a token
+        holder, none to anybody else (the module's "What a caller may learn")."""
+        if not token_holder:
+            return {}
+        return {name: value(self) for name, value in DECISION_HEADERS}
+
+
+# The decision as a token holder is told it, one header a row; nobody else gets any
+# (docs/security.md, "What a caller without a token may learn"). A new term of the
+# estimate is a new row here, e.g. ("x-catsproto-x-ms", lambda s: f"{s.estimate.x_ms:.3f}").
+DECISION_HEADERS: tuple[tuple[str, Callable[[Steered], str]], ...] = (
+    ("x-catsproto-instance", lambda s: s.address),
+    ("x-catsproto-site", lambda s: str(s.site)),
+    ("x-catsproto-decision-ms", lambda s: f"{s.decision_ms:.3f}"),
+    ("x-catsproto-expected-cached-blocks", lambda s: str(s.expected_blocks)),
+    ("x-catsproto-estimated-ttft-ms", lambda s: f"{s.estimated_ttft_ms:.3f}"),
+)
 
 
 def _option(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -306,7 +319,7 @@ class IngressService:
                     documents=_option(body, "documents", list, None),
                 )
         except PromptError as exc:
-            raise IngressError(400, str(exc), param=exc.param) from None
+            raise IngressError(400, str(exc), param=exc.param, code=exc.code) from None
         drop_usage = stream and options.get("include_usage") is not True
         forward = raw
         if drop_usage:  # ask for the usage; continuous stats stay off, as they were
@@ -378,6 +391,7 @@ class IngressService:
             1000 * elapsed,
             sequence,
             keys,
+            chosen,
         )
 
     # ---- ground truth -----------------------------------------------------------------------
@@ -429,7 +443,15 @@ class IngressService:
                 out[name] = model.ledger.to_json()
         return out
 
-    def health(self) -> dict[str, Any]:
+    def health(self, token_holder: bool = True) -> dict[str, Any]:
+        """GET /health: in full for a token holder; anybody else is told only that the
+        ingress is up (the model names and counters are what /v1/models and /metrics
+        keep for token holders)."""
+        if not token_holder:
+            return {
+                "ok": True,
+                "withheld": "the models and counters are served to API token holders only",
+            }
         return {
             "ok": True,
             "models": list(self.models),

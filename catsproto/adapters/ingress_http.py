@@ -14,8 +14,14 @@ event and the stream's end; a client that leaves closes the engine's connection 
 
 Each request is counted by the status its client was sent (`Handler.sent`, set once the
 head is out): a stream the client leaves after its 200 is a 200, and a client that
-leaves before any head went out is ``status="disconnected"`` (`DISCONNECTED`), not a 500
-nobody received.
+leaves, or stops reading, before any head went out is ``status="disconnected"``
+(`DISCONNECTED`), not a 500 nobody received: a failed write to the client is
+`_ClientGone`, never an internal error.
+
+What a caller without the token is told (no decision headers, the answer without cache
+details) is decided in `catsproto.adapters.ingress` ("What a caller may learn"); here
+each answer's headers come from `Steered.headers` and its body, or each stream event,
+goes through `openai_wire.public_answer` for such a caller.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ from catsproto.adapters.openai_wire import (
     error_body,
     event_data,
     model_list,
+    public_answer,
+    public_event,
     sse_event,
     usage_chunk,
     usage_of,
@@ -73,8 +81,8 @@ class IngressServer(BackgroundHTTPServer):
     """The OpenAI front door over HTTP (stdlib server, one thread per connection). With
     an `api_token`, everything but GET /health takes only callers that send it as a
     bearer token (others get 401) and the decision headers are given in full; without
-    one, requests are served to all with the public decision headers only and /metrics
-    is refused (403). A thread holds pending ground-truth misses against the RIB."""
+    one, requests are served to all without decision headers or cache details, and
+    /metrics is refused (403). A thread holds pending ground-truth misses against the RIB."""
 
     def __init__(
         self,
@@ -119,12 +127,15 @@ class IngressServer(BackgroundHTTPServer):
 
 
 def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
-    """The request body as bytes, by its Content-Length (BodyError otherwise)."""
+    """The request body as bytes, by its Content-Length (BodyError otherwise; a head
+    with Transfer-Encoding never gets here: `http.framing_problem`)."""
     if "Content-Length" not in handler.headers:
-        if handler.headers.get("Transfer-Encoding"):
-            raise BodyError(411, "send the body with a Content-Length (no chunked bodies)")
         raise BodyError(400, "a JSON body is required")
     return read_body_bytes(handler, max_bytes)
+
+
+class _ClientGone(Exception):
+    """A write to the client failed: it left, or stopped reading until the send timed out."""
 
 
 class _UpstreamFailed(Exception):
@@ -142,7 +153,7 @@ def _handler(
     max_body: int,
     read_timeout: float,
 ) -> type[BaseHTTPRequestHandler]:
-    full = api_token is not None
+    full = api_token is not None  # every caller of a POST holds the token (or is refused)
 
     class Handler(JsonHandler):
         timeout = read_timeout
@@ -154,9 +165,26 @@ def _handler(
             super().send_response_only(code, message)
 
         def flush_headers(self) -> None:
-            super().flush_headers()  # raises if the client left: then nothing was sent
+            try:
+                super().flush_headers()  # raises if the client left: then nothing was sent
+            except OSError as exc:
+                self._head = None
+                raise _ClientGone(f"{type(exc).__name__}: {exc}") from None
             if self._head is not None:
                 self.sent, self._head = self._head, None
+
+        def _write(self, data: bytes) -> None:
+            try:
+                self.wfile.write(data)
+                self.wfile.flush()
+            except OSError as exc:
+                raise _ClientGone(f"{type(exc).__name__}: {exc}") from None
+
+        def refuse_framing(self, status: int, reason: str) -> None:
+            """A head whose body length is unclear (`http.framing_problem`): an OpenAI
+            error, then the connection is closed."""
+            service.count("bad_requests")
+            self._error(IngressError(status, reason, code="bad_framing"), {"Connection": "close"})
 
         def _error(self, exc: IngressError, headers: dict[str, str] | None = None) -> None:
             self._send(exc.status, json_body(exc.to_json()), headers=headers)
@@ -175,7 +203,10 @@ def _handler(
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/health":
-                body = {**service.health(), "http": self.server.stats.to_json()}  # type: ignore[attr-defined]
+                holder = api_token is not None and bearer_authorised(self.headers, api_token)
+                body = service.health(token_holder=holder)
+                if holder:
+                    body["http"] = self.server.stats.to_json()  # type: ignore[attr-defined]
                 self._send(200, json_body(body))
             elif path not in ("/v1/models", "/metrics"):
                 self._error(IngressError(404, f"no GET {path}", code="not_found"))
@@ -234,7 +265,7 @@ def _handler(
                 self._error(exc)
             except _UpstreamFailed as exc:
                 self._error(IngressError(502, str(exc), code=exc.code))
-            except (BrokenPipeError, ConnectionResetError):
+            except (_ClientGone, BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client left: nobody to answer
             except Exception as exc:  # a bug of ours: answer, count, log, serve on
                 service.count("internal_errors")
@@ -316,7 +347,7 @@ def _handler(
                     usage = usage_of(body)
                     if usage is not None:
                         service.record(prepared, steered, usage)
-                self._send(resp.status, body, kind, headers)
+                self._send(resp.status, body if full else public_answer(body), kind, headers)
                 return
             self._stream(prepared, steered, conn, resp, kind, headers)
 
@@ -333,8 +364,7 @@ def _handler(
                 service.pool.give_back(steered.address, prepared.model.engine_port, conn)
 
         def _chunk(self, data: bytes) -> None:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
+            self._write(b"%x\r\n%s\r\n" % (len(data), data))
 
         def _stream(
             self,
@@ -376,7 +406,7 @@ def _handler(
                                 out += [self._fingerprinted(e, engine) for e in held]
                                 held.clear()
                                 continue
-                            if b'"finish_reason":"' in payload:
+                            if b'"finish_reason":"' in payload and full:
                                 if engine in service.fingerprints:
                                     event = self._fingerprinted(event, engine)
                                 else:
@@ -386,10 +416,11 @@ def _handler(
                             usage := usage_of(payload)
                         ) is not None and b'"choices":[]' in payload:
                             service.record(prepared, steered, usage)
-                        out.append(event)
+                        out.append(event if full else public_event(event))
                     if out:
                         self._chunk(b"".join(out))
-                tail = b"".join(held) + splitter.rest
+                rest = splitter.rest if full else public_event(splitter.rest)
+                tail = b"".join(held) + rest
                 if tail:
                     self._chunk(tail)
                 self._done(prepared, steered, conn, resp)
@@ -406,8 +437,7 @@ def _handler(
             except BaseException:
                 conn.close()
                 raise
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            self._write(b"0\r\n\r\n")
 
         def _fingerprinted(self, event: bytes, engine: tuple[str, int]) -> bytes:
             fingerprint = service.fingerprints.get(engine)

@@ -26,6 +26,8 @@ __all__ = [
     "SseSplitter",
     "error_body",
     "model_list",
+    "public_answer",
+    "public_event",
     "sse_event",
     "usage_of",
 ]
@@ -186,6 +188,38 @@ def with_fingerprint(data: bytes, fingerprint: str) -> bytes:
     if not body.endswith(b"}"):
         return data
     return body[:-1] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + b"}"
+
+
+def public_answer(data: bytes) -> bytes:
+    """An engine's JSON answer, or one stream chunk's, as a caller without the API token
+    gets it: ``usage.prompt_tokens_details`` (the cached tokens) and ``system_fingerprint``
+    (which engine configuration answered) null, as an engine without prompt-token
+    details sends them; everything else as it was. Bytes that are not a JSON object, or
+    carry neither, come back as they are (the same object)."""
+    if b'"prompt_tokens_details"' not in data and b'"system_fingerprint"' not in data:
+        return data
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+    if not isinstance(obj, dict):
+        return data
+    changed = False
+    if obj.get("system_fingerprint") is not None:
+        obj["system_fingerprint"] = None
+        changed = True
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and usage.get("prompt_tokens_details") is not None:
+        usage["prompt_tokens_details"] = None
+        changed = True
+    return json.dumps(obj, separators=(",", ":")).encode() if changed else data
+
+
+def public_event(event: bytes) -> bytes:
+    """One SSE event as a caller without the API token gets it (`public_answer`)."""
+    data = event_data(event)
+    public = public_answer(data)
+    return event if public is data else b"data: " + public + b"\n\n"
 
 
 # ---- the engines --------------------------------------------------------------------------

@@ -20,6 +20,15 @@ chat template and the special tokens the template may name). Nothing is download
   ``documents``, the special tokens (``bos_token``, ``eos_token``, ...) and the request's
   ``chat_template_kwargs``; the text is encoded with ``add_special_tokens=False``.
 
+A prompt longer than the model's context (``max_position_embeddings`` in the model
+directory's ``config.json``, vLLM's default ``max_model_len``) is refused, and the
+refusal costs little: no token covers more text than the longest entry of the
+vocabulary (`max_token_bytes`, its UTF-8 length), so a text of more than
+``max_tokens * max_token_bytes`` bytes has more tokens than the context holds and is
+refused before it is tokenized; a list of token ids is measured before its ids are
+checked. (A tokenizer whose normalizer deletes characters could fit such a text into
+the context; such a prompt, megabytes of what the model would never see, is refused.)
+
 OpenAI lets a completion carry a batch (a list of strings, a list of token-id lists). One
 request is steered to one instance, so the ingress takes one prompt per request: a
 one-element batch is that prompt, a longer one is refused (`PromptError`, a 400).
@@ -66,11 +75,34 @@ MAX_TOKEN_ID = (1 << 32) - 1
 
 
 class PromptError(ValueError):
-    """A prompt or chat the ingress cannot tokenize; `param` names the request field."""
+    """A prompt or chat the ingress cannot tokenize; `param` names the request field,
+    `code` the case when it has one of its own (OpenAI's ``context_length_exceeded``)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
+
+
+CONTEXT_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt over the context
+
+
+def model_context(model_dir: Path) -> int | None:
+    """The model's context in tokens: ``max_position_embeddings`` of its config.json
+    (None without one)."""
+    path = model_dir / "config.json"
+    if not path.exists():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable JSON: {exc}") from None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{path}: max_position_embeddings {value!r} is not a token count")
+    return value
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -165,7 +197,9 @@ def _token_text(value: Any) -> str | None:
 class PromptTokenizer:
     """One model directory's tokenizer and chat template (`completion_ids`, `chat_ids`)."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, max_tokens: int | None = None) -> None:
+        """`max_tokens`: the longest prompt taken (None: the model's context,
+        `model_context`; no bound when config.json does not say it)."""
         self.model_dir = Path(model_dir)
         path = self.model_dir / "tokenizer.json"
         try:
@@ -197,6 +231,13 @@ class PromptTokenizer:
             content_format(self._env, self.chat_template) if self.chat_template else "string"
         )
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        # the most text one token covers: UTF-8 of its vocabulary entry, which is never
+        # shorter than the input it stands for (a byte-level or "▁" entry is longer)
+        self.max_token_bytes = max((len(piece.encode()) for piece in vocab), default=1)
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.max_tokens = max_tokens if max_tokens is not None else model_context(self.model_dir)
         self._fast = hasattr(self.tokenizer, "encode_batch_fast")  # tokenizers >= 0.21
 
     def _template(self, config: dict[str, Any]) -> str | None:
@@ -219,7 +260,7 @@ class PromptTokenizer:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return self._encode(prompt, True)
+            return self._encode(prompt, True, "prompt")
         if isinstance(prompt, list):
             if prompt and all(isinstance(p, str | list) for p in prompt):
                 raise PromptError(
@@ -227,6 +268,7 @@ class PromptTokenizer:
                     "prompt per request (send them as separate requests)",
                     "prompt",
                 )
+            self._within_context(len(prompt), "prompt", "token ids")
             return token_ids(prompt, "prompt")
         raise PromptError(
             "prompt must be a string or a list of token ids (one prompt per request)", "prompt"
@@ -301,13 +343,36 @@ class PromptTokenizer:
 
     def chat_ids(self, messages: Any, **options: Any) -> list[int]:
         """A chat as token ids: rendered (`render_chat`), encoded without special tokens."""
-        return self._encode(self.render_chat(messages, **options), False)
+        return self._encode(self.render_chat(messages, **options), False, "messages")
 
-    def _encode(self, text: str, special: bool) -> list[int]:
-        """Token ids of `text` (the fast path without offsets where tokenizers has it)."""
+    def _within_context(self, tokens: int, param: str, what: str = "tokens") -> None:
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise PromptError(
+                f"{param}: {tokens} {what}, over the model's context of {self.max_tokens} tokens",
+                param,
+                CONTEXT_EXCEEDED,
+            )
+
+    def _encode(self, text: str, special: bool, param: str) -> list[int]:
+        """Token ids of `text` (the fast path without offsets where tokenizers has it);
+        a text too long for the context is refused before it is tokenized."""
+        if self.max_tokens is not None:
+            most = self.max_tokens * self.max_token_bytes
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > most:
+                raise PromptError(
+                    f"{param}: {size} bytes of text are more than {self.max_tokens} tokens "
+                    f"(the model's context; no token covers more than "
+                    f"{self.max_token_bytes} bytes)",
+                    param,
+                    CONTEXT_EXCEEDED,
+                )
         if self._fast:
-            return self.tokenizer.encode_batch_fast([text], add_special_tokens=special)[0].ids
-        return self.tokenizer.encode(text, add_special_tokens=special).ids
+            ids = self.tokenizer.encode_batch_fast([text], add_special_tokens=special)[0].ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=special).ids
+        self._within_context(len(ids), param)
+        return ids
 
     def conversation(self, messages: Any) -> list[dict[str, Any]]:
         """The messages as the template sees them (vLLM's `parse_chat_messages`, text)."""
