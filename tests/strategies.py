@@ -47,6 +47,12 @@ metrics_l1 = st.builds(
     ),
 )
 metrics_l2 = st.builds(wire.MetricsL2, st.integers(0, 10))
+metrics_bases = st.builds(
+    wire.MetricsBasis,
+    st.integers(1, (1 << 64) - 1),
+    st.one_of(st.sampled_from(wire.NormalisationFunction), st.integers(1, 255)),
+    st.integers(1, 0xFFFFFFFF),
+)
 cache_models = st.builds(
     wire.CacheModel,
     st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 255),
@@ -160,6 +166,7 @@ OPTIONAL = [
     metrics_l0,
     metrics_l1,
     metrics_l2,
+    metrics_bases,
     cache_models,
     cache_summaries,
     capacities(),
