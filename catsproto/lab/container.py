@@ -18,7 +18,7 @@ documentation and issue srl-labs/containerlab#3189). So the node, in this order:
    (FRR: zebra, then bgpd once zebra's socket exists), until one exits or a SIGTERM
    (`docker stop`, `containerlab destroy`) comes: then it stops them and exits 0.
 
-A node without a role (a plain host such as cats4's `client`) stops after step 2 and
+A node without a role (a plain host such as cats4's `client`) stops after step 3 and
 waits for SIGTERM. Every line goes out unbuffered, so `docker logs` shows it as it
 happens. `CATSPROTO_SEAL=true` on a receiving node gives its receive process the lab's
 group key (written 0600 to /var/lib/catsproto/group.key), as `lab up --seal` does.
@@ -252,15 +252,13 @@ def run_node(topology_path: Path, node: str, *, wait: float = WAIT_S, state: Pat
         print(f"node: {exc}", file=sys.stderr)
         return 0 if stop.signal else 1
     say(f"interfaces {' '.join(interfaces_of(topology, node)) or 'none'} after {waited:.1f} s")
-    for line in configure(topology, node):
+    for line in [*configure(topology, node), *shape_links(topology, node)]:
         say(line)
     if role == "host":
         say("plain host: configured; waiting for SIGTERM")
         stop.event.wait()
         say(f"signal {stop.signal}: exiting")
         return 0
-    for line in shape_links(topology, node):
-        say(line)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **configs.EXABGP_ENV)
     seal = _truthy(os.environ.get("CATSPROTO_SEAL"))
     procs: list[subprocess.Popen] = []

@@ -46,13 +46,24 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from catsproto.lab.errors import LabError
 
 NETNS_DIR = Path("/var/run/netns")
+STATE = Path("/var/lib/catsproto")  # the node's files in its container (`container.py`)
+_PUBLISH = (  # argv[1]: the spool; stdin: {prefix: value hex, or null to withdraw}
+    "import json, sys\n"
+    "from catsproto.adapters.exabgp_announce import Spool\n"
+    "spool = Spool(sys.argv[1])\n"
+    "for prefix, value in json.load(sys.stdin).items():\n"
+    "    if value is None:\n"
+    "        spool.withdraw(prefix)\n"
+    "    else:\n"
+    "        spool.publish(prefix, bytes.fromhex(value))\n"
+)
 VETH_MTU = 9500  # containerlab's default for veth links
 RUN_OPTIONS = (  # what --privileged would give, minus CAP_SYS_RESOURCE (see above)
     "--cap-add",
@@ -481,6 +492,89 @@ class ContainerLab:
     def kill(self, node: str) -> None:
         docker("kill", self.container(node))
         self._pids.pop(node, None)
+
+    # ---- what the nodes hold (the files `catsproto lab node` keeps, STATE) ----------
+    @property
+    def topology(self) -> Any:
+        from catsproto.lab.topology import load
+
+        return load(self.plan.topology_file)
+
+    def node_dir(self, node: str) -> Path:
+        """The node's /var/lib/catsproto (configs, spool, rib, trust.json) from the host."""
+        return self.root(node) / STATE.relative_to("/")
+
+    def publish(self, node: str, routes: Mapping[Any, bytes | None]) -> None:
+        """Write `routes` ({prefix: attribute value, or None to withdraw}) into the node's
+        spool, with the spool's own code inside the container (its folder checks do not
+        hold through /proc/PID/root from the host)."""
+        body = json.dumps({str(p): (v.hex() if v is not None else None) for p, v in routes.items()})
+        out = docker(
+            "exec",
+            "-i",
+            self.container(node),
+            "python",
+            "-c",
+            _PUBLISH,
+            str(STATE / "spool"),
+            input=body.encode(),
+            check=False,
+        )
+        if out.returncode != 0:
+            raise DeployError(f"publish at {node}: {out.stderr.decode(errors='replace').strip()}")
+
+    def rib(self, node: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.node_dir(node) / "rib" / "rib.json").read_text())
+        except (OSError, ValueError, DeployError):
+            return {"sessions": {}, "routes": []}
+
+    def routes(self, node: str) -> list[dict[str, Any]]:
+        return self.rib(node).get("routes", [])
+
+    def events(self, node: str) -> list[dict[str, Any]]:
+        try:
+            text = (self.node_dir(node) / "rib" / "events.jsonl").read_text()
+        except (OSError, DeployError):
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def sessions(self) -> dict[str, dict[str, str]]:
+        """BGP session state per node and peer, as each daemon reports it (FRR: vtysh,
+        BIRD: birdc, a receiving ExaBGP node: its receive process's rib.json)."""
+        out: dict[str, dict[str, str]] = {}
+        for name, node in self.topology.nodes.items():
+            if node.role == "frr":
+                text = self.exec(name, ["vtysh", "-c", "show bgp ipv4 unicast summary json"])
+                try:
+                    peers = json.loads(text).get("peers", {})
+                except ValueError:
+                    peers = {}
+                out[name] = {p: str(v.get("state", "?")) for p, v in peers.items()}
+            elif node.role == "bird":
+                text = self.exec(
+                    name, ["birdc", "-s", "/var/lib/catsproto/bird.ctl", "show", "protocols"]
+                )
+                out[name] = {
+                    parts[0]: parts[5]
+                    for parts in (line.split() for line in text.splitlines())
+                    if len(parts) >= 6 and parts[0].startswith("peer")
+                }
+            elif node.receive:
+                out[name] = self.rib(name).get("sessions", {})
+        return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """`predicate()` once it is true; a LabError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
 
 
 def netns_names(lab: str, prefix: str = "clab") -> list[str]:
