@@ -35,6 +35,7 @@ from catsproto.node import BuilderConfig, ComputeState, DampeningPolicy, RouteAd
 from catsproto.node.cache import TierSpec
 from catsproto.summary import KIND_EXACT
 from catsproto.wire import Tier
+from tests.waits import wait_until
 
 SECRET = b"catsproto-ingress-tests-secret-1"
 SECRET_ID = 7
@@ -256,10 +257,7 @@ def front(vllm_engine, tmp_path_factory) -> Iterator[Front]:
     d = tmp_path_factory.mktemp("ingress")
     rib = RibWriter(d / "rib.json", vllm_engine.host)
     agent = c_sma(vllm_engine, rib)
-    deadline = time.monotonic() + 20
-    while not rib.writes and time.monotonic() < deadline:  # the first advertisement
-        time.sleep(0.05)
-    assert rib.writes, f"the C-SMA advertised nothing: {agent.state()}"
+    wait_until("the C-SMA's first advertisement", lambda: rib.writes, 30, seen=agent.state)
     config = steering_config(rib.path, vllm_engine)
     dead = closed_port()
     dying = DyingEngine()
@@ -299,18 +297,33 @@ def fresh_text(words: int = 150) -> str:
     )
 
 
-def wait_advertised(front: Front, body: dict, path: str, blocks: int, timeout=15.0) -> None:
+def fresh_prompt_with_a_tail(front: Front, words: int = 150) -> tuple[str, int]:
+    """A fresh prompt whose last block is partial, and its token count. With the engine on
+    the ingress's host every term of the estimate but the prefill is 0, so a prompt of
+    whole blocks, all cached, is estimated at exactly 0 ms (one prompt in 32 by chance)."""
+    while True:
+        prompt = fresh_text(words)
+        n = len(front.model().tokenizer.completion_ids(prompt))
+        if n % front.engine.block_size:
+            return prompt, n
+
+
+def wait_advertised(front: Front, body: dict, path: str, blocks: int, timeout=30.0) -> None:
     """Until the selector, fed by the C-SMA's advertisements, expects `blocks` cached."""
     raw = json.dumps(body).encode()
-    deadline = time.monotonic() + timeout
-    got = -1
-    while time.monotonic() < deadline:
+    claimed: list[int] = [-1]
+
+    def enough() -> bool:
         steered = front.service.decide(front.service.prepare(path, raw), install=False)
-        got = steered.expected_blocks
-        if got >= blocks:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the RIB claims {got} blocks after {timeout} s, not {blocks}")
+        claimed.append(steered.expected_blocks)
+        return claimed[-1] >= blocks
+
+    wait_until(
+        f"the RIB claims {blocks} blocks of the prompt",
+        enough,
+        timeout,
+        seen=lambda: f"{claimed[-1]} blocks claimed; the C-SMA: {front.agent.state()}",
+    )
 
 
 # ---- completions and chat, not streamed ------------------------------------------------
@@ -319,8 +332,7 @@ def wait_advertised(front: Front, body: dict, path: str, blocks: int, timeout=15
 def test_the_second_identical_completion_is_served_from_cache_as_the_selector_expected(front):
     client = front.client()
     model = front.engine.served_model_name
-    prompt = fresh_text()
-    n = len(front.model().tokenizer.completion_ids(prompt))
+    prompt, n = fresh_prompt_with_a_tail(front)
     full = n // front.engine.block_size
     assert full >= 3
     before = front.totals()
@@ -335,7 +347,7 @@ def test_the_second_identical_completion_is_served_from_cache_as_the_selector_ex
     wait_advertised(front, {"model": model, "prompt": prompt}, "/v1/completions", full)
     second = client.completions.with_raw_response.create(model=model, prompt=prompt, max_tokens=2)
     assert second.headers["x-catsproto-expected-cached-blocks"] == str(full)
-    assert float(second.headers["x-catsproto-estimated-ttft-ms"]) > 0
+    assert float(second.headers["x-catsproto-estimated-ttft-ms"]) > 0  # the tail's prefill
     assert float(second.headers["x-catsproto-decision-ms"]) >= 0
     cached = second.parse().usage.prompt_tokens_details.cached_tokens
     servable = (n - 1) // front.engine.block_size
@@ -564,6 +576,11 @@ def test_no_token_or_a_wrong_one_is_401_and_health_stays_open(front):
     status, answer = _post(front.server.url + "/v1/completions", b"{}", token="x" * 20)
     assert status == 401 and _is_openai_error(answer)
     with urllib.request.urlopen(front.server.url + "/health", timeout=10) as r:
+        assert json.loads(r.read())["ok"]  # open, and says no more without the token
+    req = urllib.request.Request(
+        front.server.url + "/health", headers={"Authorization": f"Bearer {API_TOKEN}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
         health = json.loads(r.read())
     assert health["ok"] and health["unauthorised"] >= 2
 
@@ -642,15 +659,19 @@ def test_the_engines_own_errors_go_back_unchanged(front):
 # ---- the token rule and metrics -----------------------------------------------------------
 
 
-def test_without_a_token_the_decision_headers_are_public_only_and_metrics_refused(front):
+def test_without_a_token_nothing_tells_where_a_prompt_went_and_metrics_are_refused(front):
+    """A guessed prompt, asked twice without a token: the second is served from the
+    engine's cache, and neither answer says where it went or what was cached."""
     client = openai.OpenAI(base_url=front.open_server.url + "/v1", api_key="none", max_retries=0)
-    raw = client.completions.with_raw_response.create(
-        model=front.engine.served_model_name, prompt=fresh_text(10), max_tokens=1
-    )
-    assert raw.headers["x-catsproto-instance"] == front.engine.host
-    assert "x-catsproto-site" in raw.headers and "x-catsproto-decision-ms" in raw.headers
-    assert "x-catsproto-expected-cached-blocks" not in raw.headers
-    assert "x-catsproto-estimated-ttft-ms" not in raw.headers
+    model = front.engine.served_model_name
+    prompt, n = fresh_prompt_with_a_tail(front, 60)
+    client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    wait_advertised(front, {"model": model, "prompt": prompt}, "/v1/completions", n // 32)
+    raw = client.completions.with_raw_response.create(model=model, prompt=prompt, max_tokens=1)
+    assert not [h for h in raw.headers if h.lower().startswith("x-catsproto-")], raw.headers
+    answer = raw.parse()
+    assert answer.usage.prompt_tokens == n and answer.usage.prompt_tokens_details is None
+    assert answer.system_fingerprint is None
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(front.open_server.url + "/metrics", timeout=10)
     assert exc.value.code == 403

@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from catsproto import cli
 from catsproto.adapters.ingress import ModelSpec
 from tests.test_ingress import API_TOKEN, CS_ID, RibWriter, c_sma, fresh_text, steering_config
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,14 +95,16 @@ def test_the_command_serves_a_completion_and_stops_on_sigterm(tmp_path, vllm_eng
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no ready file"
-            time.sleep(0.05)
+        wait_until(
+            "the ingress's ready file",
+            lambda: ready.exists() or proc.poll() is not None,
+            60,
+            seen=lambda: proc.poll(),
+        )
+        assert ready.exists(), proc.communicate()  # it ended before it was ready
         (url,) = json.loads(ready.read_text())
-        while not rib.writes:  # the C-SMA's first advertisement: the engine is known
-            time.sleep(0.05)
+        # the C-SMA's first advertisement: the engine is known
+        wait_until("the C-SMA's first advertisement", lambda: rib.writes, 30, seen=agent.state)
         client = openai.OpenAI(base_url=url + "/v1", api_key=API_TOKEN, max_retries=0)
         assert [m.id for m in client.models.list().data] == [name]
         raw = client.completions.with_raw_response.create(

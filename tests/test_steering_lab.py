@@ -16,17 +16,20 @@ import os
 import stat
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from catsproto.lab import flows, runner
+from catsproto.adapters.steering import Forwarder, SteeringService
+from catsproto.lab import flows, instances, runner
 from tests.lab_helpers import cats4_lab, client_to_site
+from tests.waits import wait_until
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 REMOTE = "10.103.0.11"  # site 3's first instance: it computed site 3's conversation
 NEAREST = "10.101.0.11"  # site 1's first instance, on the ingress itself
+CS_ID = 100  # the lab's service (the flows client's default --cs-id)
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytestmark = pytest.mark.skip(reason="the steering lab test needs root (namespaces, FRR)")
@@ -38,6 +41,20 @@ def _site3_cached_at_ingress(lab: runner.Lab) -> bool:
         return False
     # site 3's first instance announced its shard routes with the conversation's keys
     return any(r["origin"] == REMOTE and r["prefix"].startswith("10.203.11.") for r in routes)
+
+
+def _claims_at_e1(lab: runner.Lab) -> Callable[[], tuple[str, int]]:
+    """Where the steering API would send site 3's conversation now, and the blocks it
+    would credit there: the API's own decision on e1's rib.json, nothing installed."""
+    config = flows.steering_config(lab)
+    service = SteeringService(config, Forwarder(config.next_hops, dry_run=True))
+    body = {"cs_id": CS_ID, "prompt_token_ids": instances.demo_prompt(3)}
+
+    def claim() -> tuple[str, int]:
+        answer = service.decide(body, install=False)
+        return answer["instance"], answer["chosen"]["cached_blocks"]
+
+    return claim
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +69,15 @@ def lab(tmp_path_factory):
 
 def test_cached_prefix_is_steered_to_the_remote_site_on_that_path_and_is_faster(lab):
     lab.wait_for(lambda: _site3_cached_at_ingress(lab), 40, "site 3's cache summary at e1")
-    time.sleep(1.5)  # one more update interval: the summaries of every tier are in
+    # the summaries of every tier are in: e1's RIB, as the API will read it, credits site 3
+    claim, claimed = _claims_at_e1(lab), [("", -1)]
+    wait_until(
+        "e1's RIB crediting site 3's instance with the conversation's 24 blocks",
+        lambda: claimed.append(claim()) or claimed[-1] == (REMOTE, 24),
+        40,
+        every=0.25,
+        seen=lambda: claimed[-1],
+    )
     assert "proto 250" not in lab.handle.run("e1", ["ip", "route"])  # no decision yet
     bpf = f"host {REMOTE} and tcp port 8100"
     with (

@@ -52,6 +52,7 @@ from catsproto.node import (
 from catsproto.wire import Tier
 from tests import vllm_publisher_script
 from tests.engine_helpers import require_engine_python
+from tests.waits import wait_until
 
 BS = 4
 KEYER = BlockKeyer(b"s" * 32, "test/model", BS)
@@ -254,6 +255,7 @@ class RawEngine:
         self.seq = 0
         self.lock = threading.Lock()
         self.replay_requests: list[list[bytes]] = []
+        self.answered = 0  # replay requests whose replies have all been sent
         self.running = True
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -299,6 +301,7 @@ class RawEngine:
                 replies.append([b"", b"", END, b""])
             for reply in self.answer(replies):
                 self.router.send_multipart([client, *reply])
+            self.answered += 1
 
     def close(self) -> None:
         self.running = False
@@ -860,7 +863,8 @@ def test_a_timed_out_replay_does_not_answer_the_next_request(
         engine.publish(encode_payload(2.0, [], 0))
         drain(sub, 2)
         assert sub.stats.failed_by_reason["timeout"] == 1
-        time.sleep(0.5)  # the late answer to the first request has arrived by now
+        # the late answer to the first request is on its way before the next one is asked
+        wait_until("the late replay answer sent", lambda: engine.answered == 1, 10)
         toks = list(range(40, 40 + BS))
         engine.publish(encode_payload(3.0, [], 0), lose=True)
         engine.publish(encode_payload(4.0, [stored_event([9], None, toks, BS)], 0))
