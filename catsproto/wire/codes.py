@@ -36,7 +36,7 @@ MANDATORY_TYPES = frozenset({TLVType.VERSION, TLVType.ORIGIN, TLVType.SEQUENCE, 
 
 # TLVs in one attribute value, at most (and in one sealed section): a receiver walks
 # every header before it can judge the value, so a value of thousands of empty TLVs would
-# cost it that many steps; fourteen types are defined, 64 leaves room for extensions.
+# cost it that many steps; fifteen types are defined, 64 leaves room for extensions.
 MAX_TLVS = 64
 
 TLV_NAMES: dict[int, str] = {t.value: t.name.lower().replace("_", "-") for t in TLVType}
