@@ -789,6 +789,7 @@ def multi_site(
                         every,
                     )
                     runs[key]["deployment"] = "per-site: one router at each ingress"
+                    runs[key]["peer"] = [a.to_json(), b.to_json()]
                     peers.stop_in_lab(lab, b)
                     b = None
                     peers.stop_in_lab(lab, a)
@@ -810,6 +811,7 @@ def multi_site(
                     runs[key]["deployment"] = (
                         f"global: one router at {first}; {second}'s clients cross the network to it"
                     )
+                    runs[key]["peer"] = [a.to_json()]
                 finally:
                     for r in (a, b):
                         if r is not None and r.routes:
