@@ -12,7 +12,11 @@ host's namespace, `catsproto.lab.engine_client`):
 3. a conversation whose turn 1 was served at the farthest engine (sent there directly, as
    another ingress would have): its turn 2 through the ingress goes there, and the same
    turn with network-only CATS (``x-catsproto-policy: nearest``) goes to the nearest
-   engine, which holds nothing of it and prefills everything.
+   engine, which holds nothing of it and prefills everything;
+4. new conversations, one after another, until one goes to the other engine: the nearest
+   takes them while its KV cache has free blocks; once storing another would evict blocks
+   it took lately, the selector prices that (the eviction term) and the next new
+   conversation goes where blocks are free.
 
 Each line shows where the request went, what the selector expected, vLLM's own count
 of cached tokens, and the time to the first token the client saw.
@@ -40,6 +44,9 @@ from catsproto.lab.errors import LabError
 from catsproto.lab.instances import DEMO_SECRET
 
 TURN_TOKENS = 2_400  # a first turn this long: prefill counts, and a second turn still fits
+# step 4 sends at most this many new conversations: enough to fill the lab engines' 512
+# blocks (16,384 tokens) about twice over
+NEW_CONVERSATIONS = 14
 
 
 def conversation(topic: str, tokenizer: Any, tokens: int = TURN_TOKENS) -> str:
@@ -171,20 +178,36 @@ class EngineDemo:
         follow = other + "\nAnd the second question?"
         rows.append(_row("turn 2, catsproto", self.via_ingress(follow)))
         rows.append(_row("turn 2, network-only CATS", self.via_ingress(follow, "nearest")))
+        rows += self.spread(tag)
         return rows
 
+    def spread(self, tag: str, most: int = NEW_CONVERSATIONS) -> list[list[str]]:
+        """Step 4: new conversations until one goes to another engine than the first; a
+        row for the first and for each from the one before the move on."""
+        went: list[tuple[int, dict[str, Any]]] = []
+        for k in range(1, most + 1):
+            answer = self.via_ingress(conversation(f"topic {tag}-n{k}", self.tokenizer))
+            went.append((k, answer))
+            first = went[0][1]["decision"].get("x-catsproto-instance")
+            if answer["decision"].get("x-catsproto-instance") != first:
+                break
+        shown = went[:1] + went[max(1, len(went) - 2) :]
+        return [_row(f"new conversation {k}", a) for k, a in shown]
 
-HEADER = ["request", "engine", "site", "expected", "vLLM cached", "TTFT ms"]
+
+HEADER = ["request", "engine", "site", "expected", "evict ms", "vLLM cached", "TTFT ms"]
 
 
 def _row(label: str, answer: dict[str, Any], where: str | None = None) -> list[str]:
     d = answer.get("decision", {})
     expected = d.get("x-catsproto-expected-cached-blocks")
+    evict = d.get("x-catsproto-evict-ms")
     return [
         label,
         d.get("x-catsproto-instance", where or "?"),
         d.get("x-catsproto-site", "-"),
         f"{int(expected) * ENGINE_BLOCK_TOKENS} tok" if expected is not None else "-",
+        f"{float(evict):.1f}" if evict is not None else "-",
         f"{answer.get('cached_tokens')}/{answer.get('prompt_tokens')} tok",
         f"{answer['ttft_ms']:.1f}",
     ]
