@@ -697,7 +697,7 @@ def main() -> int:
                 n: {
                     "package": peers.PEERS[n].requirement,
                     "policy": peers.PEERS[n].policy,
-                    "venv": str(venvs[n]),
+                    "venv": _home(venvs[n]),
                     "installed": peers.installed_version(venvs[n], peers.PEERS[n].package),
                     "note": peers.PEERS[n].note,
                 }
@@ -830,6 +830,14 @@ def multi_site(
         cross_site_routes(lab, "del")
         lab.handle.stop(ingress2)
     return out
+
+
+def _home(path: Path) -> str:
+    """`path` with the user's home folder written ~ (the JSON is published)."""
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
 
 
 def _model_shape() -> dict[str, int]:
