@@ -169,7 +169,8 @@ def register(subparsers: Any) -> None:
         "--api-token-file",
         help="file holding the bearer token (the OpenAI client's api_key) every request but "
         "GET /health needs; with it the decision headers are given in full. Without it "
-        "anyone is served, with the chosen instance only, and /metrics is refused",
+        "anyone is served, told nothing of where a prompt went or what was cached, and "
+        "/metrics is refused",
     )
     s.add_argument(
         "--instance-token-file",
@@ -195,7 +196,9 @@ def register(subparsers: Any) -> None:
         "--max-connections",
         type=int,
         default=512,
-        help="client connections served at once; more get 503",
+        help="client connections served at once; one that has not sent a complete request "
+        "head is evicted (oldest first, per source) for a newcomer; 503 only when every "
+        "one is serving a request",
     )
     s.add_argument(
         "--connect-timeout", type=float, default=3.0, help="seconds to connect to an engine"
