@@ -19,7 +19,7 @@ Prints JSON: per rate, each placement's share of prompt tokens served from cache
 where requests went; `reuse_ceiling` (an infinite cache). The engines' own eviction is
 not LRU to the block: `benchmarks/engine_e2e.py` measures the real thing.
 
-    .venv/bin/python benchmarks/placement.py [--rates 1 2 3] [--blocks 2048]
+    .venv/bin/python benchmarks/placement.py [--rates 1 2 3] [--blocks 2048] [--horizon-ms 120000]
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def advertisement(address: str, cache: LruCache, seq: int, now_ms: int) -> wire.
     return wire.Advertisement.build(*tlvs)
 
 
-def run(items: list, rate: float, blocks: int, placement: str) -> dict:
+def run(items: list, rate: float, blocks: int, placement: str, horizon_ms: float) -> dict:
     caches = {a: LruCache(2 * blocks if placement == "one-cache" else blocks) for a in SITES}
     network = Network([Link("ingress", f"site{s}", d, 10_000) for s, d in SITES.values()])
     rib = RIB()
@@ -140,6 +140,7 @@ def run(items: list, rate: float, blocks: int, placement: str) -> dict:
         allow_remote_kv=False,
         pending="drain",
         price_evictions=placement != "no-eviction-term",
+        reuse_horizon_ms=horizon_ms,
     )
     selector = PathSelector(rib, network, config)
     owner: dict[int, str] = {}
@@ -186,19 +187,28 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=100, help="multi-turn conversations")
     p.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 3.0], help="per second")
     p.add_argument("--blocks", type=int, default=2048, help="KV blocks of each instance")
+    p.add_argument(
+        "--horizon-ms", type=float, default=120_000.0, help="the selector's reuse horizon"
+    )
     args = p.parse_args()
     if args.blocks < 1 or args.conversations < 1 or any(r <= 0 for r in args.rates):
         p.error("--blocks, --conversations and --rates must be positive")
+    if not 0 < args.horizon_ms < float("inf"):
+        p.error("--horizon-ms must be a positive number")
     trace = Path(args.trace) if args.trace else find_or_download_trace()
     items = workload(trace, args.conversations, 64, 3500)
     sweep = [
-        {"rate_per_s": rate, **{pl: run(items, rate, args.blocks, pl) for pl in PLACEMENTS}}
+        {
+            "rate_per_s": rate,
+            **{pl: run(items, rate, args.blocks, pl, args.horizon_ms) for pl in PLACEMENTS},
+        }
         for rate in args.rates
     ]
     out = {
         "benchmark": "placement",
         "requests": len(items),
         "blocks_per_instance": args.blocks,
+        "reuse_horizon_ms": args.horizon_ms,
         "reuse_ceiling": round(reuse_ceiling(items), 4),
         "sweep": sweep,
     }
