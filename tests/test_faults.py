@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -77,14 +76,12 @@ def _chaos_dirs() -> set[str]:
 
 def test_an_unwritable_json_file_is_refused_before_the_campaign():
     before = _chaos_dirs()
-    started = time.monotonic()
     out = _chaos("--only", "crash", "--json", "/nonexistent-dir/x.json", timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip() == (
         "catsproto chaos: --json /nonexistent-dir/x.json: no folder /nonexistent-dir"
     )
     assert "chaos campaign" not in out.stdout  # nothing ran
-    assert time.monotonic() - started < 30
     assert _chaos_dirs() <= before
 
 

@@ -152,13 +152,11 @@ def _interop_dirs() -> set[str]:
 )
 def test_bad_options_are_refused_before_any_lab(argv: list[str], says: str) -> None:
     before = _interop_dirs()
-    started = time.monotonic()
     out = _interop(*argv)
     assert out.returncode == 2, out.stdout + out.stderr
     assert says in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
-    assert time.monotonic() - started < 30  # no lab ran (one takes over 4 s)
-    assert _interop_dirs() <= before
+    assert _interop_dirs() <= before  # no lab ran: it would have made its folder
 
 
 def test_update_doc_without_markers_is_refused_and_untouched(tmp_path: Path) -> None:
