@@ -1102,7 +1102,12 @@ def test_ingress_matches_the_document(
 ) -> None:
     s, name = servers, "ingress"
     url, open_url = s.ingress.url, s.ingress_open.url
-    full_headers = {"x-catsproto-expected-cached-blocks", "x-catsproto-estimated-ttft-ms"}
+    full_headers = {
+        "x-catsproto-expected-cached-blocks",
+        "x-catsproto-estimated-ttft-ms",
+        "x-catsproto-evicted-blocks",
+        "x-catsproto-evict-ms",
+    }
     nearest, bogus = {"x-catsproto-policy": "nearest"}, {"x-catsproto-policy": "bogus"}
     for path in ("/v1/completions", "/v1/chat/completions"):
 

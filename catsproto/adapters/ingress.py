@@ -199,6 +199,9 @@ DECISION_HEADERS: tuple[tuple[str, Callable[[Steered], str]], ...] = (
     ("x-catsproto-decision-ms", lambda s: f"{s.decision_ms:.3f}"),
     ("x-catsproto-expected-cached-blocks", lambda s: str(s.expected_blocks)),
     ("x-catsproto-estimated-ttft-ms", lambda s: f"{s.estimated_ttft_ms:.3f}"),
+    # the eviction term (part of the estimate): blocks the placement evicts, their ms
+    ("x-catsproto-evicted-blocks", lambda s: f"{s.estimate.evicted_blocks:g}"),
+    ("x-catsproto-evict-ms", lambda s: f"{s.estimate.evict_ms:.3f}"),
 )
 
 
