@@ -552,6 +552,12 @@ def main() -> int:
         default=[2.0],
         help="requests per second (both sites together) of the multi-site runs; none: skip",
     )
+    p.add_argument(
+        "--multi-site-peers",
+        nargs="*",
+        choices=list(peers.PEERS),
+        help="peers of the multi-site runs (default: those of --peers)",
+    )
     p.add_argument("--site-split", choices=["conversation", "turn"], default="conversation")
     p.add_argument(
         "--tokens-per-block", type=int, default=64, help="tokens per 512-token trace block"
@@ -607,7 +613,8 @@ def main() -> int:
         file=sys.stderr,
         flush=True,
     )
-    venvs = {name: peers.peer_venv(peers.PEERS[name]) for name in args.peers}  # before the lab
+    wanted = dict.fromkeys([*args.peers, *(args.multi_site_peers or [])])
+    venvs = {name: peers.peer_venv(peers.PEERS[name]) for name in wanted}  # before the lab
     run_dir = Path(tempfile.mkdtemp(prefix="catsproto-e2e-"))
     import yaml
 
@@ -701,7 +708,7 @@ def main() -> int:
                     "installed": peers.installed_version(venvs[n], peers.PEERS[n].package),
                     "note": peers.PEERS[n].note,
                 }
-                for n in args.peers
+                for n in wanted
             },
             "sweep": sweep,
             "multi_site": multi,
@@ -769,7 +776,8 @@ def multi_site(
                 runs[HEADLINE]["deployment"] = (
                     "per-site: a path selector at each ingress, fed by BGP"
                 )
-            for name in args.peers:
+            chosen = args.peers if args.multi_site_peers is None else args.multi_site_peers
+            for name in chosen:
                 a = start_peer(lab, name, first)
                 b = None
                 try:
