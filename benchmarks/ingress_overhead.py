@@ -294,6 +294,7 @@ def measure(args: argparse.Namespace, peers: Any) -> int:
                 if beside is not None:
                     beside.post(body)
             d_ms, i_ms, p_ms, decision_ms = [], [], [], []
+            load_start = os.getloadavg()[0]
             for _ in range(args.requests):
                 t, _ = direct.post(body)
                 d_ms.append(1000 * t)
@@ -329,6 +330,8 @@ def measure(args: argparse.Namespace, peers: Any) -> int:
         "target_added_p50_ms": 2.0,
         "ingress": figures(i_ms, d_ms),
         "direct": figures(d_ms, d_ms),
+        # the machine's 1-minute load at the start and end of the timed requests
+        "load_1min": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
