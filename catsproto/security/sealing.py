@@ -256,6 +256,9 @@ def open_sealed(
             inner.append(tlv)
         if not inner:
             raise BadValueError("sealed cache section is empty")
+        # opened, the advertisement must still be one the codec accepts (its TLV count
+        # among the rest): a peer's sealed bytes never raise past the receiver
+        opened = rest.replace(*inner)
     except CodecError as exc:
         raise DecryptionError(f"sealed plaintext: {exc}", tlv_type=TLVType.SEALED_CACHE) from None
-    return rest.replace(*inner)
+    return opened
