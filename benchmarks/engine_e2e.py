@@ -452,6 +452,18 @@ def start_peer(lab: runner.Lab, name: str, node: str) -> peers.RunningPeer:
     )
 
 
+LOGS: dict[str, Path] = {}  # --peer-logs: where each peer's log is kept
+
+
+def stop_peer(lab: runner.Lab, running: peers.RunningPeer) -> None:
+    """End the peer (`peers.stop_in_lab`), keeping its log first if `--peer-logs` asks."""
+    if "dir" in LOGS:
+        n = len(list(LOGS["dir"].glob(f"{running.peer.name}-*.log")))
+        dest = LOGS["dir"] / f"{running.peer.name}-{n + 1}-{running.node}.log"
+        dest.write_bytes(Path(running.proc.log).read_bytes())
+    peers.stop_in_lab(lab, running)
+
+
 def cross_site_routes(lab: runner.Lab, action: str) -> None:
     """Routes between the second site's client subnet and the first ingress's (neither
     ingress has a default route): the global deployment's site-4 clients reach e1."""
@@ -593,6 +605,7 @@ def main() -> int:
     )
     p.add_argument("--out", help="write the JSON here as well as to stdout")
     p.add_argument("--results", help="write every request's result here (JSON)")
+    p.add_argument("--peer-logs", help="keep every peer run's log in this folder")
     p.add_argument("--render", metavar="JSON", help="print the docs' tables of a result file")
     args = p.parse_args()
     if args.render:
@@ -601,6 +614,9 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("engine_e2e needs root (the namespaced lab)")
     SETTLE["s"] = args.settle
+    if args.peer_logs:
+        LOGS["dir"] = Path(args.peer_logs)
+        LOGS["dir"].mkdir(parents=True, exist_ok=True)
     from catsproto.adapters.trace_download import find_or_download_trace
 
     trace = Path(args.trace) if args.trace else find_or_download_trace()
@@ -677,7 +693,7 @@ def main() -> int:
                     )
                     runs[name]["peer"] = running.to_json()
                 finally:
-                    peers.stop_in_lab(lab, running)
+                    stop_peer(lab, running)
             sweep.append({"rate_per_s": rate, "runs": runs, "ratios": ratios(runs, args.peers)})
         multi: list[dict[str, Any]] = []
         if args.multi_site_rates:
@@ -798,9 +814,9 @@ def multi_site(
                     )
                     runs[key]["deployment"] = "per-site: one router at each ingress"
                     runs[key]["peer"] = [a.to_json(), b.to_json()]
-                    peers.stop_in_lab(lab, b)
+                    stop_peer(lab, b)
                     b = None
-                    peers.stop_in_lab(lab, a)
+                    stop_peer(lab, a)
                     a = start_peer(lab, name, first)
                     parts = [
                         (Target(client1, a.url, None, None), at1),
@@ -823,7 +839,7 @@ def multi_site(
                 finally:
                     for r in (a, b):
                         if r is not None and r.routes:
-                            peers.stop_in_lab(lab, r)
+                            stop_peer(lab, r)
             peer_keys = [k for k in runs if k != HEADLINE]
             out.append(
                 {

@@ -34,6 +34,8 @@ DECISION_HEADERS = (
     "x-catsproto-expected-cached-blocks",
     "x-catsproto-estimated-ttft-ms",
     "x-catsproto-decision-ms",
+    "x-catsproto-evicted-blocks",
+    "x-catsproto-evict-ms",
 )
 
 
