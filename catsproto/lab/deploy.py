@@ -404,6 +404,13 @@ class ContainerLab:
             for c in plan.containers.values():
                 docker(*c.create_argv()[1:])
             docker("start", *(c.container for c in plan.containers.values()))
+            pids = docker(
+                "inspect",
+                "--format",
+                "{{.State.Pid}}",
+                *(c.container for c in plan.containers.values()),
+            ).stdout.split()
+            self._pids.update(zip(plan.containers, map(int, pids), strict=True))
             progress(f"{len(plan.containers)} containers started")
             for node in plan.containers:
                 self._name_netns(node)
@@ -420,7 +427,7 @@ class ContainerLab:
         link = NETNS_DIR / self.container(node)
         with contextlib.suppress(FileNotFoundError):
             link.unlink()
-        link.symlink_to(f"/proc/{self.pid(node)}/ns/net")
+        link.symlink_to(f"/proc/{self._pids.get(node) or self.pid(node)}/ns/net")
 
     def _wire(self, link: LinkPlan) -> None:
         from pyroute2 import IPRoute, NetNS
@@ -432,7 +439,7 @@ class ContainerLab:
                 for name, (node, _) in zip(temp, (link.a, link.b), strict=True):
                     idx = ip.link_lookup(ifname=name)[0]
                     ip.link("set", index=idx, mtu=link.mtu)
-                    ip.link("set", index=idx, net_ns_pid=self.pid(node))
+                    ip.link("set", index=idx, net_ns_pid=self._pids.get(node) or self.pid(node))
             except BaseException:
                 for name in temp:
                     for idx in ip.link_lookup(ifname=name):
