@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -55,6 +56,8 @@ def _images() -> set[str]:
 def docker_ready():
     """A Docker daemon (the running one, or one started here) and the node image, built
     through scripts/lab-image; yields the script's output and the images there were."""
+    if shutil.which("dockerd") is None:  # a fresh machine: the script installs Docker
+        deploy.build_image(CHECKOUT)
     daemon = deploy.DockerDaemon().ensure()
     try:
         out = deploy.build_image(CHECKOUT)
