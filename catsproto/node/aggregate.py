@@ -182,7 +182,7 @@ def site_metrics(states: Sequence[ComputeState], scale: ScoreScale | None = None
             L0Metric(METRIC_OUTSTANDING_PREFILL_TOKENS, Unit.COUNT, mean, agg, float(backlog)),
         )
     )
-    return CatsMetrics(l0, scores.l1, scores.l2)
+    return CatsMetrics(l0, scores.l1, scores.l2, scores.basis)
 
 
 def site_capacity(members: Sequence[SiteMember]) -> Capacity:
@@ -272,7 +272,9 @@ class SiteAggregator:
         out = []
         for r in routes:
             if r.tier is None:  # the main route: aggregated metrics and capacity
-                adv = r.advertisement.replace(metrics.l0, metrics.l1, metrics.l2, capacity)
+                adv = r.advertisement.replace(
+                    metrics.l0, metrics.l1, metrics.l2, metrics.basis, capacity
+                )
                 r = RouteAdvertisement(r.prefix, adv, r.reason, r.tier, r.shard)
             out.append(r)
         return out

@@ -268,7 +268,7 @@ class AdvertisementBuilder:
 
     def _main_tlvs(self, metrics: CatsMetrics) -> list[wire.TLV]:
         tlvs: list[wire.TLV] = [Version(wire.FORMAT_VERSION), self._origin]
-        tlvs += [metrics.l0, metrics.l1, metrics.l2, self._model]
+        tlvs += [metrics.l0, metrics.l1, metrics.l2, metrics.basis, self._model]
         total = self.cache.total_blocks()
         tlvs.append(Capacity(min(self.cache.free_blocks(), total), total))
         hot = self._hot()
