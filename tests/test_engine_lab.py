@@ -131,11 +131,13 @@ def claimed_blocks(lab: runner.Lab, address: str, text: str) -> int:
 FALSE_POSITIVES_ALLOWED = 3
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(check: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+    """Poll `check` until true; past the deadline fail saying `what` (called then, if it
+    is a function, so that it can tell what was seen)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            raise AssertionError(f"not within {timeout} s: {what() if callable(what) else what}")
         time.sleep(0.25)
 
 
@@ -176,6 +178,38 @@ def test_a_conversation_cached_at_the_far_engine_is_steered_there(lab, tmp_path)
     (nearest,) = ask_ingress(lab, tmp_path, [follow_up + " Again?"], policy="nearest")
     assert nearest["decision"]["x-catsproto-instance"] == NEAR
     assert nearest["cached_tokens"] == 0
+
+
+def engine_capacity(lab: runner.Lab, address: str) -> tuple[float, float]:
+    """(free, total) KV blocks of the engine at `address` in e1's RIB (its Capacity TLV
+    as BGP delivered it); (0, 0) while nothing is known."""
+    feed = RibFeed(lab.rib_file("e1"))
+    feed.refresh(int(time.time() * 1000))
+    table = feed.rib.services.get(ENGINE_CS_ID)
+    inst = table.by_address.get(ipaddress.ip_address(address)) if table else None
+    if inst is None:
+        return 0.0, 0.0
+    return float(table.kv_free[inst.slot]), float(table.kv_total[inst.slot])
+
+
+def test_the_engines_kv_capacity_reaches_the_selector(lab, tmp_path):
+    """The Capacity TLV the eviction term reads: the engine's own num_gpu_blocks (from its
+    /metrics) as the total, less the blocks its KV events say it stored, as the free."""
+    engine = next(e for e in lab.handle.state.info["engines"] if e["host"] == FAR)
+    wait_until(lambda: engine_capacity(lab, FAR)[1] > 0, 20, "capacity advertised")
+    free, total = engine_capacity(lab, FAR)
+    assert total == engine["num_gpu_blocks"]
+    prompt = conversation(f"capacity-{os.getpid()}")
+    blocks = full_blocks(prompt)
+    assert free >= blocks, f"the far engine has only {free} free blocks"
+    ask_engine(lab, tmp_path, FAR, [prompt])
+    seen: list[tuple[float, float]] = []
+
+    def advertised() -> bool:
+        seen.append(engine_capacity(lab, FAR))
+        return seen[-1] == (free - blocks, total)
+
+    wait_until(advertised, 20, lambda: f"{free} - {blocks} free advertised; seen {seen[-3:]}")
 
 
 def test_an_eviction_reaches_the_selector_through_bgp(lab, tmp_path):
