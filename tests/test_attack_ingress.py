@@ -170,6 +170,7 @@ def ingress(tmp_path) -> Iterator[Ingress]:
         [
             ModelSpec(MODEL, CS_ID, MODEL_DIR),
             ModelSpec("huge-answer", CS_ID, MODEL_DIR, huge.port),
+            ModelSpec("dead-engine", CS_ID, MODEL_DIR, closed_port()),
         ],
         steering_config(rib.path, engine),
         install_routes=False,
@@ -185,6 +186,12 @@ def ingress(tmp_path) -> Iterator[Ingress]:
         open_server.close()
         peer.close()
         huge.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def address(server: IngressServer) -> tuple[str, int]:
@@ -262,7 +269,11 @@ def test_idle_connections_from_many_sources_cannot_lock_out_health_or_a_token_ho
             seen=lambda: (srv.in_service, srv.waiting),
         )
         status, models = get(srv, "/v1/models", TOKEN)
-        assert status == 200 and [m["id"] for m in models["data"]] == [MODEL, "huge-answer"]
+        assert status == 200 and [m["id"] for m in models["data"]] == [
+            MODEL,
+            "huge-answer",
+            "dead-engine",
+        ]
         wait_until("the token holder's connection ended", lambda: srv.in_service == 7)
         idle.append(idle_from(srv, "127.0.0.6"))  # all taken again
         wait_until("all 8 handlers held again", lambda: srv.waiting == 8)
@@ -404,12 +415,23 @@ def test_without_a_token_a_stream_carries_no_cache_detail_or_fingerprint(ingress
     assert totals["requests"] == 2
 
 
+def test_without_a_token_an_engine_failure_does_not_name_the_engine(ingress):
+    body = {"model": "dead-engine", "prompt": "a guessed prompt"}
+    status, _, raw = post(ingress.open_server, body, token=None)
+    error = json.loads(raw)["error"]
+    assert status == 502 and error["code"] == "engine_unreachable"
+    assert error["message"].startswith("the chosen engine unreachable")
+    assert "127.0.0.1" not in error["message"]
+    status, _, raw = post(ingress.server, body)  # a token holder is told which
+    assert status == 502 and "engine 127.0.0.1:" in json.loads(raw)["error"]["message"]
+
+
 def test_health_without_the_token_says_only_that_the_ingress_is_up(ingress):
     status, health = get(ingress.server, "/health")
     assert status == 200 and health["ok"] is True
     assert set(health) == {"ok", "withheld"} and MODEL not in json.dumps(health)
     status, health = get(ingress.server, "/health", TOKEN)
-    assert health["models"] == [MODEL, "huge-answer"] and "http" in health
+    assert health["models"] == [MODEL, "huge-answer", "dead-engine"] and "http" in health
     status, health = get(ingress.open_server, "/health")
     assert set(health) == {"ok", "withheld"}
 

@@ -155,6 +155,13 @@ def _handler(
 ) -> type[BaseHTTPRequestHandler]:
     full = api_token is not None  # every caller of a POST holds the token (or is refused)
 
+    def engine_named(steered: Steered, port: int | None = None) -> str:
+        """The engine as an error message names it: its address for token holders only
+        (for anybody else it would say where the prompt went)."""
+        if not full:
+            return "the chosen engine"
+        return f"engine {steered.address}" + (f":{port}" if port is not None else "")
+
     class Handler(JsonHandler):
         timeout = read_timeout
         sent: int | None = None  # the status whose head went out for this request
@@ -292,12 +299,12 @@ def _handler(
             }
             if service.instance_token is not None:
                 headers["Authorization"] = "Bearer " + service.instance_token.decode()
-            where = f"{steered.address}:{port}"
+            where = engine_named(steered, port)
             for attempt in (0, 1):
                 try:
                     conn, reused = service.pool.take(steered.address, port, fresh=attempt > 0)
                 except OSError as exc:
-                    raise _UpstreamFailed(f"engine {where} unreachable: {exc}") from None
+                    raise _UpstreamFailed(f"{where} unreachable: {exc}") from None
                 try:
                     conn.request("POST", prepared.path, prepared.forward, headers)
                     return conn, conn.getresponse()
@@ -306,7 +313,7 @@ def _handler(
                     if reused and attempt == 0:
                         continue  # an idle keep-alive the engine had closed
                     raise _UpstreamFailed(
-                        f"engine {where} failed before answering: {type(exc).__name__}: {exc}"
+                        f"{where} failed before answering: {type(exc).__name__}: {exc}"
                     ) from None
             raise AssertionError("unreachable")
 
@@ -326,7 +333,7 @@ def _handler(
                 sent = "a wrong token" if service.instance_token is not None else "no token"
                 raise IngressError(
                     502,
-                    f"engine {steered.address} answered {resp.status} ({sent} sent): start "
+                    f"{engine_named(steered)} answered {resp.status} ({sent} sent): start "
                     "the ingress with --instance-token-file holding the engines' API key",
                     code="engine_refused",
                 )
@@ -339,7 +346,7 @@ def _handler(
                     conn.close()
                     service.proxy_errors.labels(name, "died").inc()
                     raise _UpstreamFailed(
-                        f"engine {steered.address} died mid-answer: {type(exc).__name__}",
+                        f"{engine_named(steered)} died mid-answer: {type(exc).__name__}",
                         "engine_died",
                     ) from None
                 self._done(prepared, steered, conn, resp)
@@ -429,7 +436,7 @@ def _handler(
                 service.proxy_errors.labels(prepared.model.spec.name, "died").inc()
                 error = error_body(
                     502,
-                    f"engine {steered.address} died mid-stream: {exc}",
+                    f"{engine_named(steered)} died mid-stream: {exc}",
                     code="engine_died",
                 )
                 self._chunk(sse_event(error))
