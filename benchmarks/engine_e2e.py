@@ -609,7 +609,14 @@ def main() -> int:
     p.add_argument("--render", metavar="JSON", help="print the docs' tables of a result file")
     args = p.parse_args()
     if args.render:
-        print(render(json.loads(Path(args.render).read_text())))
+        doc = json.loads(Path(args.render).read_text())
+        runs = [r for s in doc.get("sweep", []) for r in s.get("runs", {}).values()]
+        if "multi_site" not in doc or any("loaded" not in r for r in runs):
+            raise SystemExit(
+                f"{args.render}: not a result of this benchmark with peers (no multi_site, "
+                "or runs without their load flag): an older run's file cannot be rendered"
+            )
+        print(render(doc))
         return 0
     if os.geteuid() != 0:
         raise SystemExit("engine_e2e needs root (the namespaced lab)")

@@ -308,3 +308,34 @@ def test_the_benchmark_refuses_to_run_without_root_and_renders_without():
             check=False,
         )
         assert "needs root" in out.stderr
+
+
+def test_an_older_result_file_is_refused_by_name():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "engine_e2e.py"),
+            "--render",
+            str(REPO / "docs" / "eval" / "engine" / "e2e.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "e2e.json: not a result of this benchmark with peers" in out.stderr
+
+
+def test_the_published_tables_are_the_rendered_json():
+    """Every result file docs/engine.md renders (`--render FILE` beside its tables) is
+    what the page shows, line for line."""
+    import re
+
+    b = bench()
+    page = (REPO / "docs" / "engine.md").read_text()
+    files = re.findall(r"engine_e2e\.py --render (\S+\.json)", page)
+    assert files, "docs/engine.md shows no rendered result"
+    for name in files:
+        doc = json.loads((REPO / name).read_text())
+        for line in b.render(doc).splitlines():
+            assert line in page, f"{name}: {line}"
