@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -743,6 +744,7 @@ def main() -> int:
         print(text)
     finally:
         lab.down()
+        shutil.rmtree(run_dir, ignore_errors=True)  # the lab's logs (--peer-logs keeps the peers')
     return 0
 
 
