@@ -4,6 +4,12 @@ Strategy: `NodeAgent` knows the engine only through its KV events (a
 `VllmEventSubscriber` feeding a mirror `TieredCache`), builds advertisements with an
 `AdvertisementBuilder` and hands them to ``on_routes``; compute metrics come from a
 callable. `catsproto.adapters.instance` explains it with the HTTP face that serves it.
+
+One lock guards the mirror cache, the builder and the counters; the subscriber takes it
+only to apply what it received and never while it waits on a socket (its poll, a
+replay), so /state and the advertisements never wait for the network. An engine restart
+(`engine_restarted`, from the scraper's thread) forgets the old process' blocks before
+it returns: no reader sees the restart counted and the old blocks still held.
 """
 
 from __future__ import annotations
@@ -66,8 +72,17 @@ class NodeAgent:
         context: zmq.Context | None = None,
     ) -> None:
         self.cache = TieredCache(tiers)
-        self.ingest = VllmIngest(self.cache, keyer, key_mode=key_mode, engine=engine)
-        self.subscriber = VllmEventSubscriber(self.ingest, endpoints, context=context)
+        self.ingest = VllmIngest(
+            self.cache,
+            keyer,
+            key_mode=key_mode,
+            engine=engine,
+            max_known_hashes=known_hashes_bound(tiers),
+        )
+        self._lock = threading.Lock()
+        self.subscriber = VllmEventSubscriber(
+            self.ingest, endpoints, context=context, lock=self._lock
+        )
         self.builder = AdvertisementBuilder(
             builder_config, self.cache, int(time.time()) if epoch is None else epoch
         )
@@ -88,10 +103,8 @@ class NodeAgent:
                 builder_config.address,
             )
         )
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._force = False
-        self._restarted = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="c-sma")
 
     def start(self) -> NodeAgent:
@@ -105,28 +118,23 @@ class NodeAgent:
             self._force = True
 
     def engine_restarted(self) -> None:
-        """The engine is a new process: the next round forgets what the old one held,
-        takes in what the new one published (its replay buffer) and sends every route
-        (any thread may call this; the subscriber is used on the node's own)."""
+        """The engine is a new process: what the old one held is forgotten before this
+        returns (any thread may call this); the next round takes in what the new one
+        published (its replay buffer) and sends every route."""
+        self.subscriber.forget_engine()
         with self._lock:
-            self._restarted = True
+            self._force = True
 
     def step(self, timeout_ms: int = 0) -> list[RouteAdvertisement]:
-        """One round: take in events, then ask the builder (exposed for tests)."""
-        with self._lock:
-            if self._restarted:
-                self._restarted = False
-                self._force = True
-                try:
-                    self.subscriber.engine_restarted()
-                except Exception as exc:
-                    self.ingest_errors += 1
-                    self.error = f"engine restart: {type(exc).__name__}: {exc}"
-            try:
-                self.subscriber.poll(timeout_ms)
-            except Exception as exc:  # the builder still runs: its refreshes are due anyway
+        """One round: take in events (the subscriber takes the lock only to apply them),
+        then ask the builder (exposed for tests)."""
+        try:
+            self.subscriber.poll(timeout_ms)
+        except Exception as exc:  # the builder still runs: its refreshes are due anyway
+            with self._lock:
                 self.ingest_errors += 1
                 self.error = f"event ingest: {type(exc).__name__}: {exc}"
+        with self._lock:
             routes = self.builder.poll(
                 int(time.time() * 1000), self.compute_state(), force=self._force
             )
@@ -183,6 +191,8 @@ class NodeAgent:
                             "engine_restarts",
                             "bad_payloads",
                             "bad_replay_frames",
+                            "foreign_rank_batches",
+                            "replays_cut_short",
                             "failed_recoveries",
                             "last_error",
                         )
@@ -206,9 +216,18 @@ class NodeAgent:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a replay under way ends within its deadline
+            self._thread.join(timeout=5 + self.subscriber.replay_deadline_ms / 1000)
         self.subscriber.close()
+
+
+def known_hashes_bound(tiers: Sequence[TierSpec]) -> int:
+    """How many engine hashes the ingest remembers (oldest forgotten first): twice the
+    blocks the tiers can hold, and a few thousand more. A held block needs its hash
+    known; an orphan (a block whose parent is unknown) adds one too, so a flood of
+    orphans costs at most this many entries, and forgetting a held block's hash only
+    makes the node under-claim its children."""
+    return 2 * sum(t.capacity_blocks for t in tiers) + 4096
 
 
 def route_json(route: RouteAdvertisement) -> dict[str, Any]:

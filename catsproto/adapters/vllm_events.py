@@ -24,18 +24,36 @@ and the rank is resynced (its blocks forgotten; only replayed batches after the 
 missing one are applied), so the node under-claims rather than advertises blocks a lost
 BlockRemoved took away.
 
-Single-threaded: the caller drives `VllmEventSubscriber.poll(timeout_ms)`; recovery
-blocks that call for at most ``replay_timeout_ms`` between replies. Decoding and state
-live in the pure `catsproto.node.vllm`; what it notices once (a block size the node cannot
-key) is logged here as an ERROR.
+Bounds, since the publisher is whoever answers at the endpoint: every socket has
+``ZMQ_MAXMSGSIZE`` (`max_message_bytes`; a larger frame drops that connection), and a
+replay ends after ``replay_timeout_ms`` without a reply, ``replay_deadline_ms`` in all,
+``max_replay_messages`` replies or ``max_replay_bytes`` bytes, whichever comes first (the
+recovery then fails as a timeout, or as incomplete, and the rank is resynced). Blocks
+belong to the (socket, rank) that stored them: a batch naming another
+``data_parallel_rank`` than its socket's (counted in
+`SubscriberStats.foreign_rank_batches`) is stored under the rank it names, and the socket
+remembers that rank (at most `MAX_FOREIGN_RANKS` that still hold blocks; beyond, the
+batch is taken as the socket's own rank), so the socket's restart, resync or
+AllBlocksCleared removes those blocks too.
+
+One thread drives `VllmEventSubscriber.poll(timeout_ms)` (the sockets are used on it
+only). Every change of state (the ingest, the trackers, the counters) is made under
+`lock`, which a caller shares to read that state from other threads; the lock is never
+held while a socket is waited on (the poll, a replay). `forget_engine` may be called
+from any thread: it forgets every rank at once, and the next `poll` takes in the new
+process' replay. Decoding and state live in the pure `catsproto.node.vllm`; what it
+notices once (a block size the node cannot key) is logged here as an ERROR.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +64,13 @@ from catsproto.node.vllm import (
     END_SEQ,
     SeqAction,
     SequenceTracker,
+    VllmAllBlocksCleared,
     VllmEventBatch,
     VllmEventError,
     VllmIngest,
     parse_batch,
 )
+from catsproto.wire import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +293,18 @@ def _seq_span(replies: list[tuple[int, bytes]]) -> str:
 # ---- subscriber ------------------------------------------------------------------------
 
 RECOVERY_FAILURES = ("no-replay-endpoint", "timeout", "incomplete")
-"""Why a recovery failed: the keys of `SubscriberStats.failed_by_reason`."""
+"""Why a recovery failed: the keys of `SubscriberStats.failed_by_reason` (a replay cut
+short by its time bounds is a timeout, by its message or byte bounds incomplete)."""
+
+MAX_MESSAGE_BYTES = 16 << 20
+"""ZMQ_MAXMSGSIZE of every socket: a vLLM batch is one scheduler step's events (token ids
+of at most max_num_batched_tokens tokens and their hashes, well under 1 MiB)."""
+MAX_FOREIGN_RANKS = 64
+"""Ranks other than its own that one socket's batches may store blocks under."""
+REPLAY_DEADLINE_MS = 5_000
+MAX_REPLAY_MESSAGES = 10_001
+"""vLLM buffers 10,000 batches for replay (its buffer_steps), plus the end marker."""
+MAX_REPLAY_BYTES = 64 << 20
 
 
 @dataclass(slots=True)
@@ -292,6 +323,10 @@ class SubscriberStats:
     bad_payloads: int = 0
     bad_replay_frames: int = 0
     """Replay replies of no known shape (skipped; the recovery then has a hole)."""
+    foreign_rank_batches: int = 0
+    """Batches naming another data_parallel_rank than their socket's (kept as the socket's)."""
+    replays_cut_short: int = 0
+    """Replays ended by a bound (time, messages, bytes) before their end marker."""
     failed_recoveries: int = 0
     """Gaps the replay did not fill (each one resynced the rank and logged a WARNING)."""
     failed_by_reason: dict[str, int] = field(
@@ -308,6 +343,22 @@ class _Stream:
     sub: zmq.Socket
     replay: zmq.Socket | None
     tracker: SequenceTracker = field(default_factory=SequenceTracker)
+    generation: int = 0
+    """Moves when the engine restarts (`forget_engine`): a replay fetched before is void."""
+    restart_replay: bool = False
+    """The new process' replay (from 0) is still to be taken in."""
+    foreign_ranks: set[int] = field(default_factory=set)
+    """Other ranks this socket's batches named (their blocks are this socket's too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """What a replay request brought: the replies up to the end marker (None when it was
+    cut short or timed out), and why it was cut short."""
+
+    replies: list[tuple[int, bytes]] | None
+    reason: str = ""
+    why: str = ""
 
 
 class VllmEventSubscriber:
@@ -322,11 +373,21 @@ class VllmEventSubscriber:
         topic: bytes = b"",
         replay_timeout_ms: int = 2_000,
         join_replay: bool = True,
+        replay_deadline_ms: int = REPLAY_DEADLINE_MS,
+        max_replay_messages: int = MAX_REPLAY_MESSAGES,
+        max_replay_bytes: int = MAX_REPLAY_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.ingest = ingest
         self.stats = SubscriberStats()
         self.replay_timeout_ms = replay_timeout_ms
         self.join_replay = join_replay
+        self.replay_deadline_ms = replay_deadline_ms
+        self.max_replay_messages = max_replay_messages
+        self.max_replay_bytes = max_replay_bytes
+        self.max_message_bytes = max_message_bytes
+        self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._ctx = context or zmq.Context.instance()
         self._poller = zmq.Poller()
         self._streams: dict[zmq.Socket, _Stream] = {}
@@ -334,13 +395,12 @@ class VllmEventSubscriber:
             for ep in endpoints:
                 sub = self._ctx.socket(zmq.SUB)
                 sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
                 sub.setsockopt(zmq.SUBSCRIBE, topic)
                 sub.bind(ep.pub) if ep.bind else sub.connect(ep.pub)
                 replay = None
                 if ep.replay:
-                    replay = self._ctx.socket(zmq.DEALER)
-                    replay.setsockopt(zmq.LINGER, 0)
-                    replay.connect(ep.replay)
+                    replay = self._dealer(ep.replay)
                 self._streams[sub] = _Stream(ep, sub, replay)
                 self._poller.register(sub, zmq.POLLIN)
         except zmq.ZMQError:
@@ -355,9 +415,18 @@ class VllmEventSubscriber:
             if s.endpoint.bind
         ]
 
+    def _dealer(self, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.connect(endpoint)
+        return sock
+
     def poll(self, timeout_ms: int = 0, max_frames: int = 10_000) -> int:
         """Receive and apply what has arrived (waiting up to `timeout_ms` for the first
-        frame); returns the number of frames handled."""
+        frame, without the lock); returns the number of frames handled. A restart's
+        replay (`forget_engine`) is taken in first."""
+        self._replay_restarted()
         handled = 0
         ready = dict(self._poller.poll(timeout_ms))
         while ready and handled < max_frames:
@@ -371,10 +440,11 @@ class VllmEventSubscriber:
                 handled += 1
         return handled
 
-    def engine_restarted(self) -> int:
+    def forget_engine(self) -> None:
         """The engine is a new process (its metrics said so): forget every rank's blocks
-        and take in, from each rank's replay buffer, every batch the new process has
-        published since it started (sequences from 0). Returns the batches replayed.
+        now, under the lock (any thread may call this), and have the next `poll` take in,
+        from each rank's replay buffer, every batch the new process has published since
+        it started (sequences from 0).
 
         Needed because the sequence alone cannot always tell: a new publisher's first
         batches can be lost before the subscription reaches it, and a later one whose
@@ -382,45 +452,85 @@ class VllmEventSubscriber:
         laid on the old process' blocks. A replay that does not start at 0 (the buffer
         no longer reaches back) applies nothing: the rank's next batch then finds the
         tracker fresh and recovers, or resyncs, as a joining subscriber does."""
-        self.stats.engine_restarts += 1
+        with self._lock:
+            self.stats.engine_restarts += 1
+            for stream in self._streams.values():
+                self._reset_stream(stream)
+                stream.tracker.restarted()
+                stream.generation += 1
+                stream.restart_replay = stream.replay is not None
+
+    def engine_restarted(self) -> int:
+        """`forget_engine` and take in the new process' replay now (on the subscriber's
+        own thread). Returns the batches replayed."""
+        self.forget_engine()
+        return self._replay_restarted()
+
+    def _replay_restarted(self) -> int:
         replayed = 0
-        for stream in self._streams.values():
-            self.ingest.reset_rank(stream.endpoint.rank)
-            stream.tracker.restarted()
-            if stream.replay is None:
-                continue
-            replies = self._request_replay(stream, 0) or []
-            tail = _contiguous_tail(replies)
-            if tail and tail[0][0] == 0 and len(tail) == len(replies):
-                self._apply_replayed(stream, tail, tail[-1][0])
-                replayed += len(tail)
+        for stream in list(self._streams.values()):
+            with self._lock:
+                if not stream.restart_replay:
+                    continue
+                stream.restart_replay = False
+                generation = stream.generation
+            fetched = self._request_replay(stream, 0)  # the lock is free meanwhile
+            with self._lock:
+                # applied only if nothing moved since: no other restart, and no batch of
+                # the new process taken in (a gap recovery has then done this work)
+                if stream.generation != generation or stream.tracker.next_seq is not None:
+                    continue
+                replies = fetched.replies or []
+                tail = _contiguous_tail(replies)
+                if tail and tail[0][0] == 0 and len(tail) == len(replies):
+                    self._apply_replayed(stream, tail, tail[-1][0])
+                    replayed += len(tail)
         return replayed
 
     def _on_frames(self, stream: _Stream, frames: list[bytes]) -> None:
-        self.stats.frames += 1
-        self.stats.bytes += sum(len(f) for f in frames)
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self.stats.bad_payloads += 1
-            self.stats.last_error = f"expected [topic, seq, payload], got {len(frames)} frames"
-            return
-        self._handle(stream, int.from_bytes(frames[1], "big"), frames[2])
+        with self._lock:
+            self.stats.frames += 1
+            self.stats.bytes += sum(len(f) for f in frames)
+            if len(frames) != 3 or len(frames[1]) != 8:
+                self.stats.bad_payloads += 1
+                self.stats.last_error = f"expected [topic, seq, payload], got {len(frames)} frames"
+                return
+        seq, payload = int.from_bytes(frames[1], "big"), frames[2]
+        while True:
+            with self._lock:
+                pending = self._handle(stream, seq, payload)
+            if pending is None:
+                return
+            start, generation = pending
+            fetched = self._request_replay(stream, start)  # the lock is free meanwhile
+            with self._lock:
+                if stream.generation == generation:
+                    self._recover(stream, seq, payload, start, fetched)
+                    return
+            # the engine restarted while the replay was awaited: judge `seq` afresh
 
-    def _handle(self, stream: _Stream, seq: int, payload: bytes) -> None:
+    def _handle(self, stream: _Stream, seq: int, payload: bytes) -> tuple[int, int] | None:
+        """Apply `seq` (under the lock), or return (start, generation) of the replay its
+        gap needs, which the caller fetches without the lock."""
         tracker = stream.tracker
         action = tracker.classify(seq)
         if action is SeqAction.RESTART:
             self.stats.restarts += 1
-            self.ingest.reset_rank(stream.endpoint.rank)
+            self._reset_stream(stream)
             tracker.restarted()
             action = tracker.classify(seq)
         if action is SeqAction.DUPLICATE:
             self.stats.duplicates += 1
-            return
+            return None
         if action is SeqAction.GAP:
             joining = tracker.next_seq is None
-            if not (joining and not self.join_replay) and self._recover(stream, seq):
-                return
+            if not (joining and not self.join_replay):
+                if stream.replay is not None:
+                    return tracker.gap_start, stream.generation
+                self._recover(stream, seq, payload, tracker.gap_start, None)
+                return None
         self._apply(stream, seq, payload)
+        return None
 
     def _apply(self, stream: _Stream, seq: int, payload: bytes) -> None:
         """Decode and apply one batch. A batch we refuse still consumes its sequence (a
@@ -432,55 +542,103 @@ class VllmEventSubscriber:
         try:
             batch = decode_payload(payload)
         except VllmEventError as exc:
-            self._refused(rank, seq, str(exc))
+            self._refused(stream, seq, str(exc))
             return
+        named = batch.data_parallel_rank
+        if named is not None and named != rank:
+            batch = self._foreign(stream, seq, batch, named)
         try:
             self.ingest.apply_batch(batch, rank)
         except Exception as exc:  # a batch that parsed must apply; if not, do not die
-            self._refused(rank, seq, f"{type(exc).__name__}: {exc}")
+            self._refused(stream, seq, f"{type(exc).__name__}: {exc}")
+        else:
+            if stream.foreign_ranks and any(
+                type(ev) is VllmAllBlocksCleared for ev in batch.events
+            ):
+                # the socket's engine cleared its cache: every rank it stored under
+                applied_as = batch.data_parallel_rank if named is not None else rank
+                for r in {rank, *stream.foreign_ranks} - {applied_as}:
+                    self.ingest.clear_rank(r, only_tier=Tier.HBM)
         for notice in self.ingest.take_notices():  # once per distinct block size
             logger.error("%s", notice.message)
             self.stats.last_error = notice.message
 
-    def _refused(self, rank: int, seq: int, reason: str) -> None:
-        self.stats.bad_payloads += 1
-        self.stats.last_error = f"rank {rank} batch {seq} refused: {reason}"
-        self.ingest.reset_rank(rank)
+    def _foreign(
+        self, stream: _Stream, seq: int, batch: VllmEventBatch, named: int
+    ) -> VllmEventBatch:
+        """A batch of `stream` naming rank `named`: remembered as the socket's, or taken
+        as the socket's own rank when it already speaks for `MAX_FOREIGN_RANKS` others
+        that hold blocks."""
+        rank = stream.endpoint.rank
+        self.stats.foreign_rank_batches += 1
+        owned = stream.foreign_ranks
+        if named not in owned and len(owned) >= MAX_FOREIGN_RANKS:
+            owned.difference_update([r for r in owned if not self.ingest.copies(r)])
+        if named in owned or len(owned) < MAX_FOREIGN_RANKS:
+            owned.add(named)
+            self.stats.last_error = (
+                f"rank {rank} batch {seq} names data_parallel_rank {named}: its blocks "
+                f"go with rank {rank}'s socket (its restart or clear removes them)"
+            )
+            return batch
+        self.stats.last_error = (
+            f"rank {rank} batch {seq} names data_parallel_rank {named}, one more than "
+            f"{MAX_FOREIGN_RANKS} others: taken as rank {rank}'s"
+        )
+        return dataclasses.replace(batch, data_parallel_rank=rank)
 
-    def _recover(self, stream: _Stream, seq: int) -> bool:
-        """Replay batches start..seq-1 (`seq` showed the gap). True when the replay also
-        brought `seq` (its PUB copy is then not applied again).
+    def _reset_stream(self, stream: _Stream) -> None:
+        """Forget every block stored through `stream`: its rank's and the others it named."""
+        self.ingest.reset_rank(stream.endpoint.rank)
+        for r in stream.foreign_ranks:
+            self.ingest.reset_rank(r)
+        stream.foreign_ranks.clear()
+
+    def _refused(self, stream: _Stream, seq: int, reason: str) -> None:
+        self.stats.bad_payloads += 1
+        self.stats.last_error = f"rank {stream.endpoint.rank} batch {seq} refused: {reason}"
+        self._reset_stream(stream)
+
+    def _recover(
+        self, stream: _Stream, seq: int, payload: bytes, start: int, fetched: _Fetched | None
+    ) -> None:
+        """Lay the replay of batches start..seq-1 (`seq` showed the gap; `fetched` is
+        None without a replay endpoint) on the rank, then `seq` itself unless the replay
+        brought it too.
 
         Only a replay that runs whole from start to at least seq-1 recovers. Anything less
         fails: the rank is resynced and only the replayed batches after the last missing
         one are applied, and only if they reach seq-1 (a lost batch may have removed a
         block stored before it; nothing after the last loss can be undone by it)."""
         self.stats.gaps += 1
-        start = stream.tracker.gap_start
         rank = stream.endpoint.rank
-        if stream.replay is None:
+        if fetched is None:
             replies = None
             reason = "no-replay-endpoint"
             what = f"no replay endpoint to ask for batches {start}..{seq - 1}"
         else:
-            replies = self._request_replay(stream, start)
-            reason = "timeout" if replies is None else "incomplete"
-            what = (
-                f"replay from {start} timed out after {self.replay_timeout_ms} ms"
-                if replies is None
-                else f"replay from {start} brought {_seq_span(replies)}, "
-                f"not every batch {start}..{seq - 1}"
-            )
+            replies = fetched.replies
+            if replies is None:
+                reason, what = fetched.reason, f"replay from {start} {fetched.why}"
+            else:
+                reason = "incomplete"
+                what = (
+                    f"replay from {start} brought {_seq_span(replies)}, "
+                    f"not every batch {start}..{seq - 1}"
+                )
         replies = replies or []
         first = replies[0][0] if replies else -1
         self.stats.recoveries.append((rank, start, first))
+        del self.stats.recoveries[:-1000]  # the latest thousand: a peer decides how many
         tail = _contiguous_tail(replies)
         if first == start and len(tail) == len(replies) and tail[-1][0] >= seq - 1:
-            return self._apply_replayed(stream, tail, seq)
-        self._recovery_failed(rank, reason, what)
-        if tail and tail[-1][0] >= seq - 1:
-            return self._apply_replayed(stream, tail, seq)
-        return False
+            if not self._apply_replayed(stream, tail, seq):
+                self._apply(stream, seq, payload)
+            return
+        self._recovery_failed(stream, reason, what)
+        if tail and tail[-1][0] >= seq - 1 and self._apply_replayed(stream, tail, seq):
+            return
+        self._apply(stream, seq, payload)
 
     def _apply_replayed(self, stream: _Stream, run: list[tuple[int, bytes]], seq: int) -> bool:
         self.stats.replayed += len(run)
@@ -489,45 +647,79 @@ class VllmEventSubscriber:
         stream.tracker.replayed(run[0][0], run[-1][0])
         return run[-1][0] >= seq
 
-    def _recovery_failed(self, rank: int, reason: str, what: str) -> None:
+    def _recovery_failed(self, stream: _Stream, reason: str, what: str) -> None:
         """Count, warn, and forget the rank's blocks: it may no longer hold some of them."""
         stats = self.stats
         stats.failed_recoveries += 1
         stats.failed_by_reason[reason] += 1
         stats.resyncs += 1
-        stats.last_error = f"rank {rank}: {what}; its blocks are forgotten (resync)"
+        stats.last_error = f"rank {stream.endpoint.rank}: {what}; its blocks are forgotten (resync)"
         logger.warning("vLLM KV events: %s", stats.last_error)
-        self.ingest.reset_rank(rank)
+        self._reset_stream(stream)
 
-    def _request_replay(self, stream: _Stream, start: int) -> list[tuple[int, bytes]] | None:
-        """Every reply up to the end marker, sequences from `start` on (None: timed out)."""
+    def _request_replay(self, stream: _Stream, start: int) -> _Fetched:
+        """Every reply up to the end marker, sequences from `start` on; `replies` None
+        when no end marker came within the bounds (time between replies and in all,
+        messages, bytes). Called without the lock; counters are taken under it."""
         sock = stream.replay
-        assert sock is not None
+        if sock is None:
+            return _Fetched(None, "no-replay-endpoint", "had no endpoint")
         sock.send_multipart([b"", start.to_bytes(8, "big")])
         replies: list[tuple[int, bytes]] = []
-        while sock.poll(self.replay_timeout_ms, zmq.POLLIN):
-            frames = sock.recv_multipart()
-            self.stats.bytes += sum(len(f) for f in frames)
-            try:
-                seq_frame, payload = replay_reply(frames)
-            except VllmEventError:
-                self.stats.bad_replay_frames += 1
-                continue
-            if seq_frame == END_SEQ:
-                return [(s, p) for s, p in replies if s >= start]
-            replies.append((int.from_bytes(seq_frame, "big"), payload))
-        # what is still on its way would answer the next request: start a new socket
-        self._reopen_replay(stream)
-        return None
+        deadline = time.monotonic() + self.replay_deadline_ms / 1000
+        messages = size = bad = 0
+        fetched = None
+        while fetched is None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                fetched = _Fetched(
+                    None, "timeout", f"was cut short at {self.replay_deadline_ms} ms in all"
+                )
+            elif not sock.poll(min(self.replay_timeout_ms, left_ms), zmq.POLLIN):
+                if left_ms > self.replay_timeout_ms:  # else the deadline says it next
+                    fetched = _Fetched(
+                        None, "timeout", f"timed out after {self.replay_timeout_ms} ms"
+                    )
+            else:
+                frames = sock.recv_multipart()
+                messages += 1
+                size += sum(len(f) for f in frames)
+                try:
+                    seq_frame, payload = replay_reply(frames)
+                except VllmEventError:
+                    bad += 1
+                    seq_frame, payload = b"", b""
+                if seq_frame == END_SEQ:
+                    fetched = _Fetched([(s, p) for s, p in replies if s >= start])
+                elif messages >= self.max_replay_messages:
+                    fetched = _Fetched(
+                        None,
+                        "incomplete",
+                        f"was cut short at {messages} replies without an end marker",
+                    )
+                elif size > self.max_replay_bytes:
+                    fetched = _Fetched(
+                        None,
+                        "incomplete",
+                        f"was cut short at {size} bytes (more than {self.max_replay_bytes})",
+                    )
+                elif seq_frame:
+                    replies.append((int.from_bytes(seq_frame, "big"), payload))
+        if fetched.replies is None:
+            replies.clear()  # the bytes go now, not when the caller is done
+            # what is still on its way would answer the next request: start a new socket
+            self._reopen_replay(stream)
+        with self._lock:
+            self.stats.bytes += size
+            self.stats.bad_replay_frames += bad
+            self.stats.replays_cut_short += fetched.replies is None and fetched.reason != ""
+        return fetched
 
     def _reopen_replay(self, stream: _Stream) -> None:
         assert stream.replay is not None and stream.endpoint.replay is not None
         stream.replay.close(linger=0)
         stream.replay = None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(stream.endpoint.replay)
-        stream.replay = sock
+        stream.replay = self._dealer(stream.endpoint.replay)
 
     def close(self) -> None:
         for s in self._streams.values():
