@@ -167,8 +167,10 @@ class KvPuller:
     timeout: float = 30.0
     attempts: int = 2  # the first pull, then one resumption from the last verified block
     holder_port: int | None = None  # the holders' transfer port (None: any)
-    # the bytes a block is expected to have (the engine's payload per block): a holder,
-    # even a trusted one, that announces more is refused at the block's header
+    # the bytes a block is expected to have: a holder, even a trusted one, that announces
+    # more is refused at the block's header. None: the size the pulling engine stores
+    # itself (`ModelledEngine` passes its payload per block: the advertisement it pulls
+    # for is of the same model and shape), not the 256 MiB no block can exceed
     max_block_bytes: int | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -190,12 +192,17 @@ class KvPuller:
             return f"port {source.port} is not the holders' transfer port {self.holder_port}"
         return ""
 
-    def pull(self, source: KvSource, keys: Sequence[int]) -> tuple[PullResult, int]:
-        """(the last attempt's result, attempts made). Admit only `result.completed`."""
+    def pull(
+        self, source: KvSource, keys: Sequence[int], block_bytes: int | None = None
+    ) -> tuple[PullResult, int]:
+        """(the last attempt's result, attempts made). Admit only `result.completed`.
+        `block_bytes`: the size the caller stores per block, the limit unless
+        `max_block_bytes` is set."""
         from catsproto.adapters.transfer_tls import PeerPolicy, pull
 
         policy = PeerPolicy(self.trust, expected_key_id=source.key_id)
-        limit = {} if self.max_block_bytes is None else {"max_block_bytes": self.max_block_bytes}
+        expected = self.max_block_bytes if self.max_block_bytes is not None else block_bytes
+        limit = {"max_block_bytes": expected} if expected else {}
         resume = None
         for attempt in range(1, self.attempts + 1):
             result = pull(
@@ -421,7 +428,7 @@ class ModelledEngine:
                 "holder_key_id": "",
                 "error": f"not dialled: {refused}",
             }
-        result, attempts = self.puller.pull(source, keys)
+        result, attempts = self.puller.pull(source, keys, self.config.payload_bytes or None)
         done = result.completed
         blocks = done.blocks if done is not None else ()
         with self._lock:
