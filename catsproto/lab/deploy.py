@@ -54,6 +54,7 @@ from catsproto.lab.errors import LabError
 
 NETNS_DIR = Path("/var/run/netns")
 STATE = Path("/var/lib/catsproto")  # the node's files in its container (`container.py`)
+IMAGE_LABEL = "catsproto.inputs"  # scripts/lab-image's label on the node image
 _PUBLISH = (  # argv[1]: the spool; stdin: {prefix: value hex, or null to withdraw}
     "import json, sys\n"
     "from catsproto.adapters.exabgp_announce import Spool\n"
@@ -454,8 +455,8 @@ class ContainerLab:
 
     def destroy(self, stop_timeout: int = 10) -> None:
         """Stop the lab's containers (SIGTERM, SIGKILL after `stop_timeout` s), remove
-        them (their veth ends go with their namespaces) and the names of their
-        namespaces. Nothing deployed: nothing to do."""
+        them (their veth ends go with their namespaces), the names of their namespaces,
+        and node images left untagged by a rebuild. Nothing deployed: nothing to do."""
         names = self.running()
         if names:
             docker(
@@ -467,6 +468,9 @@ class ContainerLab:
             if link.is_symlink():
                 link.unlink()
         self._pids.clear()
+        # an image scripts/lab-image replaced while these containers ran on it could not
+        # be removed then; it is nobody's now
+        docker("image", "prune", "--force", "--filter", f"label={IMAGE_LABEL}", check=False)
         left = self.running()
         if left:
             raise DeployError(f"containers left after destroy: {', '.join(left)}")
