@@ -152,3 +152,37 @@ def test_interfaces_of_each_node_follow_the_file():
     t = load(CATS4)
     assert container.interfaces_of(t, "c3") == ["eth1", "eth2", "eth3", "eth4"]
     assert container.interfaces_of(t, "client") == ["eth1"]
+
+
+def test_lab_deploy_refuses_a_topology_it_cannot_wire_before_docker(tmp_path, capsys):
+    from catsproto import cli
+
+    bad = tmp_path / "bad.clab.yml"
+    bad.write_text("name: bad\ntopology:\n  nodes:\n    a: {kind: nokia_srlinux, image: x}\n")
+    assert cli.main(["lab", "deploy", str(bad)]) == 2
+    assert "node a: kind 'nokia_srlinux' not supported here (linux only)" in capsys.readouterr().err
+    assert cli.main(["lab", "destroy", str(tmp_path / "none.clab.yml")]) == 2
+    assert "no topology" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CATSPROTO_NODE": "zz"}, "node zz is not in"),
+        ({"CATSPROTO_NODE": "e1", "CLAB_INTFS": "x"}, "CLAB_INTFS='x' is not a number"),
+    ],
+)
+def test_the_node_refuses_a_wrong_name_or_count_before_touching_anything(env, message):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "catsproto", "lab", "node", "--topology", str(CATS4)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2 and message in out.stderr, out.stderr
