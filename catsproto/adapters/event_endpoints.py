@@ -15,6 +15,11 @@ private (`private_ipc_folder`):
                           localhost)
     anything else         whoever reaches the address              refused unless accepted
 
+The default is neither: `PRIVATE_ENDPOINT` ("private") has the engine make a folder of
+mode 0700 of its own in the temporary folder (`private_event_folder`) and publish on
+``ipc://FOLDER/events`` and answer replays on ``ipc://FOLDER/replay``; the folder goes
+when the engine closes. Only this user (and root) can connect there.
+
 "Anything else" is tcp on a wildcard, a routable address, an interface or host name,
 ``ipc://*`` (a random name in the shared temporary folder), ``ipc://@NAME`` (Linux's
 abstract namespace has no permissions) and the other transports. An operator who
@@ -22,7 +27,8 @@ protects such an endpoint otherwise (a private network, a firewall) says so with
 ``accept_open`` (`instance serve --accept-open-kv-events`). We do not use ZMQ CURVE,
 though pyzmq has it: a subscriber written for vLLM's publisher (which has no CURVE)
 could not read the events, and the keys would need a distribution of their own.
-Loopback tcp remains readable by every local user; on a shared host use ipc.
+Loopback tcp, when chosen, is readable by every local user; on a shared host keep the
+default.
 """
 
 from __future__ import annotations
@@ -30,17 +36,22 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 __all__ = [
     "ACCEPT_OPEN_FLAG",
+    "PRIVATE_ENDPOINT",
     "EndpointError",
     "check_event_endpoint",
     "endpoint_problem",
+    "private_event_folder",
     "private_ipc_folder",
 ]
 
 ACCEPT_OPEN_FLAG = "--accept-open-kv-events"
+PRIVATE_ENDPOINT = "private"
+"""An endpoint meaning: ipc in a folder of mode 0700 made for this engine."""
 _WHY = "KV events carry prompt token ids and ZMQ asks no credential"
 
 
@@ -59,8 +70,9 @@ def _loopback(host: str) -> bool:
 
 def endpoint_problem(endpoint: str, *, accept_open: bool = False) -> str | None:
     """Why `endpoint` may not carry KV events, or None. An ipc endpoint passes here;
-    its folder is `private_ipc_folder`'s to check."""
-    if endpoint.startswith("inproc://"):
+    its folder is `private_ipc_folder`'s to check; `PRIVATE_ENDPOINT` is such an ipc
+    endpoint in a folder made private."""
+    if endpoint.startswith("inproc://") or endpoint == PRIVATE_ENDPOINT:
         return None
     if endpoint.startswith("ipc://"):
         path = endpoint.removeprefix("ipc://")
@@ -116,6 +128,13 @@ def private_ipc_folder(endpoint: str, *, accept_open: bool = False) -> Path | No
             f"engine (a missing folder is made so), or give {ACCEPT_OPEN_FLAG}"
         )
     return folder
+
+
+def private_event_folder() -> tuple[Path, str, str]:
+    """A fresh folder of mode 0700 (`tempfile.mkdtemp`), and the KV-event and replay ipc
+    endpoints in it. The caller removes the folder when its engine closes."""
+    folder = Path(tempfile.mkdtemp(prefix="catsproto-kv-"))
+    return folder, f"ipc://{folder}/events", f"ipc://{folder}/replay"
 
 
 def check_event_endpoint(endpoint: str, *, accept_open: bool = False) -> None:

@@ -14,17 +14,23 @@ import ipaddress
 import itertools
 import math
 import queue
+import shutil
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
-from catsproto.adapters.event_endpoints import check_event_endpoint
+from catsproto.adapters.event_endpoints import (
+    PRIVATE_ENDPOINT,
+    check_event_endpoint,
+    private_event_folder,
+)
 from catsproto.adapters.metrics import (
     HitCounter,
 )
@@ -104,8 +110,11 @@ class EngineConfig:
         TierSpec(Tier.HBM, 2_048, 5, 1_600_000),
         TierSpec(Tier.DRAM, 16_384, 30, 400_000),
     )
-    pub_endpoint: str = "tcp://127.0.0.1:*"
-    replay_endpoint: str | None = "tcp://127.0.0.1:*"
+    pub_endpoint: str = PRIVATE_ENDPOINT
+    """Where KV events go; "private": ipc in a folder of mode 0700 made for this engine
+    (removed when it closes), where no other user can connect (`event_endpoints`)."""
+    replay_endpoint: str | None = PRIVATE_ENDPOINT
+    """The replay service (None: none); "private" as `pub_endpoint`."""
     accept_open_events: bool = False
     """Publish KV events (prompt token ids) on endpoints others can reach: a non-loopback
     tcp address, an ipc folder not private to us (`event_endpoints`)."""
@@ -278,12 +287,21 @@ class ModelledEngine:
         self.served_missing = {"evicted": 0, "not-held": 0}
         self.last_advertised = float("-inf")
         """time.monotonic() of the C-SMA's latest advertisement (set by whoever sends it)."""
-        for endpoint in (config.pub_endpoint, config.replay_endpoint):
-            if endpoint is not None:  # the events carry prompt token ids: keep them ours
-                check_event_endpoint(endpoint, accept_open=config.accept_open_events)
-        self.publisher = VllmEventPublisher(
-            config.pub_endpoint, config.replay_endpoint, context=context
-        )
+        pub, replay = config.pub_endpoint, config.replay_endpoint
+        self.event_folder: Path | None = None
+        """The private folder made for the "private" endpoints (removed at close)."""
+        if PRIVATE_ENDPOINT in (pub, replay):
+            self.event_folder, private_pub, private_replay = private_event_folder()
+            pub = private_pub if pub == PRIVATE_ENDPOINT else pub
+            replay = private_replay if replay == PRIVATE_ENDPOINT else replay
+        try:
+            for endpoint in (pub, replay):
+                if endpoint is not None:  # the events carry prompt token ids: keep them ours
+                    check_event_endpoint(endpoint, accept_open=config.accept_open_events)
+            self.publisher = VllmEventPublisher(pub, replay, context=context)
+        except BaseException:
+            self._remove_event_folder()
+            raise
         self._blocks: dict[int, tuple[int | None, list[int] | None]] = {}
         """hash -> (parent hash, token ids or None for Mooncake ids), for every block the
         cache holds, to publish a block again when it moves. Worker thread only."""
@@ -658,7 +676,12 @@ class ModelledEngine:
                 ),
             }
 
+    def _remove_event_folder(self) -> None:
+        if self.event_folder is not None:
+            shutil.rmtree(self.event_folder, ignore_errors=True)
+
     def close(self) -> None:
         self._queue.put(None)
         self._worker.join(timeout=5)
         self.publisher.close()
+        self._remove_event_folder()

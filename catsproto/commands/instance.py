@@ -701,9 +701,10 @@ def register(subparsers: Any) -> None:
         "--no-node, the node (C-SMA) in the same process ingests those events and builds "
         "advertisements (unsigned; written to --adverts-out). Prints its endpoints as JSON "
         "on stderr; runs until SIGINT or SIGTERM. The KV events carry the prompts' token "
-        "ids and ZMQ asks no credential, so they go only where other users cannot connect "
-        "(inproc, loopback tcp, ipc://FOLDER/NAME with FOLDER mode 0700 and owned by this "
-        "user) unless --accept-open-kv-events.",
+        "ids and ZMQ asks no credential, so by default they go over ipc in a folder of mode "
+        "0700 made for the engine, and never where others can connect from another host "
+        "(only inproc, loopback tcp, ipc://FOLDER/NAME with FOLDER mode 0700 and owned by "
+        "this user) unless --accept-open-kv-events.",
     )
     s.add_argument("--host", default="127.0.0.1", help="address the HTTP API listens on")
     s.add_argument("--port", type=int, default=8100, help="port of the HTTP API (0: any)")
@@ -715,14 +716,18 @@ def register(subparsers: Any) -> None:
     )
     s.add_argument(
         "--pub-endpoint",
-        default="tcp://127.0.0.1:*",
-        help="ZMQ endpoint the engine publishes vLLM KV events on (*: any port); inproc, "
-        "loopback tcp or ipc in a private folder unless --accept-open-kv-events",
+        default="private",
+        help="ZMQ endpoint the engine publishes vLLM KV events on; default private: "
+        "ipc://FOLDER/events in a folder of mode 0700 made for it (removed at exit; the "
+        "ready line names it), which no other local user can reach. Else inproc, loopback "
+        "tcp (any local user can connect; *: any port) or ipc in a private folder, unless "
+        "--accept-open-kv-events",
     )
     s.add_argument(
         "--replay-endpoint",
-        default="tcp://127.0.0.1:*",
-        help="ZMQ endpoint of the engine's replay service (*: any port); the same rule",
+        default="private",
+        help="ZMQ endpoint of the engine's replay service; default private "
+        "(ipc://FOLDER/replay, the same folder); the same rule",
     )
     s.add_argument(
         "--accept-open-kv-events",
