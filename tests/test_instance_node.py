@@ -29,6 +29,7 @@ from catsproto.keys import BlockKeyer
 from catsproto.summary import SummaryReceiver
 from catsproto.wire import Tier
 from tests.engine_helpers import EngineHandle
+from tests.waits import wait_until
 
 SECRET = "ab" * 16
 MODEL_ID = "catsproto-node-test"
@@ -126,17 +127,6 @@ def run_node(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     return subprocess.run(
         [*NODE, *args], capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-def wait_until(what: str, check: Any, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.05)
 
 
 # ---- options and help ------------------------------------------------------------------
@@ -461,7 +451,15 @@ def test_a_restarted_engine_is_known_at_the_first_scrape(
     (the node withdraws after its /health probes fail) and a new process starts. At the
     first scrape the node counts the restart and holds nothing of the old process' blocks
     before the new one has served anything; one prompt to the new engine brings blocks
-    back."""
+    back.
+
+    The node's own count of the restart (`subscriber.engine_restarts`) is read: it moves
+    under the node's lock together with the forgetting, so one /state shows both or
+    neither. The scraper's count (`engine.restarts`) moves just before it tells the node,
+    and /state reads the node first, so a /state between the two could show the
+    scraper's count with the old blocks (issue 41: the node used to forget only at its
+    next round, which left that window open for a round; now it forgets before the
+    scraper's call returns)."""
     from catsproto.lab.engine import EngineSpec, LocalEngine
     from tests.engine_helpers import require_engine_python
 
@@ -471,6 +469,21 @@ def test_a_restarted_engine_is_known_at_the_first_scrape(
     handle = EngineHandle.of(spec)
     engine = LocalEngine(spec, d / "first.log", python=python)
     node = None
+    last: dict[str, Any] = {}
+
+    def seen() -> dict[str, Any]:
+        s = last.get("state") or {}
+        return {
+            "blocks": s.get("node", {}).get("blocks"),
+            "node_restarts": s.get("node", {}).get("subscriber", {}).get("engine_restarts"),
+            "engine": {k: (s.get("engine") or {}).get(k) for k in ("restarts", "last_error")},
+        }
+
+    def node_state() -> dict[str, Any]:
+        assert node is not None
+        last["state"] = state(node.url)
+        return last["state"]
+
     try:
         engine.wait_ready()
         node = Node(
@@ -479,17 +492,25 @@ def test_a_restarted_engine_is_known_at_the_first_scrape(
             "--scrape-interval", "0.2", "--health-interval", "0.5",
         )  # fmt: skip
         complete(handle, fresh_prompt(10 * spec.block_size))
-        wait_until("the first engine's blocks", lambda: state(node.url)["node"]["blocks"]["hbm"])
-        assert state(node.url)["engine"]["restarts"] == 0
+        wait_until(
+            "the first engine's blocks", lambda: node_state()["node"]["blocks"]["hbm"], seen=seen
+        )
+        assert node_state()["engine"]["restarts"] == 0
         engine.close()
         engine = LocalEngine(spec, d / "second.log", python=python)
         engine.wait_ready()
         s = wait_until(
-            "the restart counted", lambda: (x := state(node.url))["engine"]["restarts"] and x, 10
+            "the node told of the restart",
+            lambda: (x := node_state())["node"]["subscriber"]["engine_restarts"] and x,
+            30,
+            seen=seen,
         )
         assert s["node"]["blocks"]["hbm"] == 0 and s["node"]["subscriber"]["engine_restarts"] == 1
+        assert s["engine"]["restarts"] == 1
         complete(handle, fresh_prompt(10 * spec.block_size))
-        wait_until("the new engine's blocks", lambda: state(node.url)["node"]["blocks"]["hbm"])
+        wait_until(
+            "the new engine's blocks", lambda: node_state()["node"]["blocks"]["hbm"], seen=seen
+        )
     finally:
         if node is not None:
             assert node.stop() == 0
