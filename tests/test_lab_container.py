@@ -43,6 +43,9 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 LAB = CHECKOUT / "lab"
 CATS4 = LAB / "cats4.clab.yml"
 CATSRR = LAB / "catsrr.clab.yml"
+# the links come this long after the containers start: the nodes are up before their
+# links (the order that once left e4 unshaped), and must wait for them
+WIRE_AFTER_S = 6.0
 # e4 (65004) -> b4 BIRD (65204) -> c3 FRR (65103) -> c1 FRR (65101) -> e1
 SITE4_PATH = [65101, 65103, 65204, 65004]
 
@@ -123,7 +126,7 @@ def cats4(docker_ready):
     doc["topology"]["defaults"] = {"env": {"CATSPROTO_SEAL": "true"}}
     lab = deploy.ContainerLab(deploy.plan(doc, CATS4))
     lab.destroy()  # what an interrupted earlier run left
-    lab.deploy()
+    lab.deploy(wire_after=WIRE_AFTER_S)
     try:
         wait_for(lambda: (lab.node_dir("e1") / "rib").is_dir(), 60, "e1's node to start")
         write_lab_trust(
@@ -173,6 +176,9 @@ def test_containers_are_what_containerlab_would_make(cats4):
                 qdisc = cats4.exec(node, ["tc", "qdisc", "show", "dev", end.interface])
                 assert "tbf" in qdisc or "netem" in qdisc, (node, end.interface, qdisc)
         assert "eth0" not in have  # no management network here (docs/howto-containerlab.md)
+    # the nodes waited for their links (and shaped them, above)
+    waited = [n for n in cats4.plan.containers if "node: waiting for eth1" in cats4.logs(n)]
+    assert len(waited) >= 5, waited
     # the node's own lines reach `docker logs` as they happen (unbuffered)
     logs = cats4.logs("e4")
     assert "node: interfaces eth1 after" in logs and "node: eth1: address 10.0.14.1/30" in logs

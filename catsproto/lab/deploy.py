@@ -390,9 +390,13 @@ class ContainerLab:
         """The container's file system as the host sees it (through its PID)."""
         return Path(f"/proc/{self._pids.get(node) or self.pid(node)}/root")
 
-    def deploy(self, *, progress: Callable[[str], None] = lambda _: None) -> ContainerLab:
+    def deploy(
+        self, *, progress: Callable[[str], None] = lambda _: None, wire_after: float = 0.0
+    ) -> ContainerLab:
         """Create and start every container, then wire the links; on any failure the
-        half-made lab is destroyed before the error propagates."""
+        half-made lab is destroyed before the error propagates. `wire_after`: seconds
+        between starting the containers and wiring their links (containerlab: none; a
+        test waits so that the nodes are up before their links, as on a busy host)."""
         plan = self.plan
         images = {c.image for c in plan.containers.values()}
         for image in sorted(images):
@@ -415,6 +419,7 @@ class ContainerLab:
             progress(f"{len(plan.containers)} containers started")
             for node in plan.containers:
                 self._name_netns(node)
+            time.sleep(wire_after)
             for link in plan.links:
                 self._wire(link)
             progress(f"{len(plan.links)} links wired, {time.monotonic() - started:.1f} s in all")
