@@ -50,6 +50,27 @@ WIRE_AFTER_S = 6.0
 SITE4_PATH = [65101, 65103, 65204, 65004]
 
 
+def _lab_name(topology: str) -> str:
+    """The lab's name for containerlab (its containers' names): the topology's and this
+    run's PID, so that two test runs on one machine do not take each other's containers.
+    The nodes still read the topology file, name and keys as they are."""
+    return f"{topology}x{os.getpid()}"
+
+
+def _without_dead_runs(doc: dict, path: Path) -> deploy.ContainerLab:
+    """The lab of `doc`, after destroying what earlier test runs whose process is gone
+    left of the same topology (an interrupted run)."""
+    topology = path.name.removesuffix(".clab.yml")
+    out = deploy.docker(
+        "ps", "-a", "--filter", "label=containerlab", "--format", '{{.Label "containerlab"}}'
+    )
+    for name in set(out.stdout.decode().split()):
+        pid = name.removeprefix(f"{topology}x")
+        if pid.isdigit() and not netns.pid_alive(int(pid)):
+            deploy.ContainerLab(deploy.plan({**doc, "name": name}, path)).destroy()
+    return deploy.ContainerLab(deploy.plan(doc, path))
+
+
 def _images() -> set[str]:
     out = deploy.docker("images", "--all", "--quiet", "--no-trunc")
     return set(out.stdout.decode().split())
@@ -123,9 +144,9 @@ def cats4(docker_ready):
     """cats4 deployed once; every node gets CATSPROTO_SEAL=true (topology defaults, as a
     containerlab user would write it), so the receiver e1 holds the lab's group key."""
     doc = yaml.safe_load(CATS4.read_text())
+    doc["name"] = _lab_name("cats4")
     doc["topology"]["defaults"] = {"env": {"CATSPROTO_SEAL": "true"}}
-    lab = deploy.ContainerLab(deploy.plan(doc, CATS4))
-    lab.destroy()  # what an interrupted earlier run left
+    lab = _without_dead_runs(doc, CATS4)
     lab.deploy(wire_after=WIRE_AFTER_S)
     try:
         wait_for(lambda: (lab.node_dir("e1") / "rib").is_dir(), 60, "e1's node to start")
@@ -150,15 +171,15 @@ def test_the_image_is_built_once_and_then_found_current(docker_ready):
 
 def test_containers_are_what_containerlab_would_make(cats4):
     e1 = cats4.inspect("e1")
-    assert e1["Name"] == "/clab-cats4-e1" and e1["Config"]["Hostname"] == "e1"
-    assert e1["Config"]["Labels"]["containerlab"] == "cats4"
+    assert e1["Name"] == f"/clab-{cats4.name}-e1" and e1["Config"]["Hostname"] == "e1"
+    assert e1["Config"]["Labels"]["containerlab"] == cats4.name
     env = dict(v.split("=", 1) for v in e1["Config"]["Env"])
     assert env["CLAB_INTFS"] == "2" and env["CATSPROTO_NODE"] == "e1"
     assert env["CLAB_LABEL_CATSPROTO_ROLE"] == "exabgp"
     assert (
         e1["Mounts"][0]["Source"] == str(LAB) and e1["Mounts"][0]["Destination"] == "/catsproto/lab"
     )
-    assert deploy.netns_names("cats4") == sorted(
+    assert deploy.netns_names(cats4.name) == sorted(
         c.container for c in cats4.plan.containers.values()
     )
     for node in cats4.plan.containers:
@@ -319,7 +340,7 @@ def test_destroy_leaves_no_container_veth_or_image_layer(cats4, docker_ready):
     _, images_before = docker_ready
     cats4.destroy()
     assert cats4.running() == []
-    assert deploy.netns_names("cats4") == []
+    assert deploy.netns_names(cats4.name) == []
     assert deploy.host_veths() == []
     assert _images() == images_before
     dangling = deploy.docker("images", "--quiet", "--filter", "dangling=true").stdout.split()
@@ -329,8 +350,9 @@ def test_destroy_leaves_no_container_veth_or_image_layer(cats4, docker_ready):
 
 
 def test_catsrr_reflectors_carry_every_sites_routes(docker_ready):
-    lab = deploy.ContainerLab(deploy.load_plan(CATSRR))
-    lab.destroy()
+    doc = yaml.safe_load(CATSRR.read_text())
+    doc["name"] = _lab_name("catsrr")
+    lab = _without_dead_runs(doc, CATSRR)
     lab.deploy()
     try:
         t = lab.topology
@@ -368,4 +390,4 @@ def test_catsrr_reflectors_carry_every_sites_routes(docker_ready):
         assert reflector_peers <= set(t.nodes)
     finally:
         lab.destroy()
-    assert deploy.netns_names("catsrr") == [] and deploy.host_veths() == []
+    assert deploy.netns_names(lab.name) == [] and deploy.host_veths() == []
