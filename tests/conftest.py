@@ -108,6 +108,7 @@ LAB_MODULES = frozenset(
         "test_interop",
         "test_lab",
         "test_lab_cli",
+        "test_lab_container",
         "test_lab_rr",
         "test_lab_sealed",
         "test_lab_topology",
