@@ -33,7 +33,18 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 X = "10.103.0.11"  # computed site 3's conversation at start
 X_MATE = "10.103.0.12"
 KV_BYTES = 256 << 10
-LOAD_BLOCKS = 64  # per loaded instance: 32,768 tokens, about 4 s of prefill
+LOAD_BLOCKS = 64  # a loading prompt: 32,768 tokens, about 4 s of prefill
+# a longer load: two prompts of argv[2] new blocks to argv[1], one after the other, as
+# the instances' token holder (argv[3]); two of these per instance queue 16 s of prefill.
+# A single prompt's 4 s could pass, on a loaded machine, before the client's request was
+# even decided, and X be idle again by then. Four prompts (256 blocks) are as many as
+# X's HBM holds beside the conversation until the last of them ends.
+LOAD_LOOP = RANDOM_PROMPT.replace(
+    "print(post_json(sys.argv[1] + '/generate', body, timeout=120, token=token))\n",
+    "for _ in range(2):\n"
+    "    post_json(sys.argv[1] + '/generate', body, timeout=120, token=token)\n"
+    "    body = {'prompt_token_ids': [random.randrange(128000) for _ in tokens]}\n",
+)
 
 if os.geteuid() != 0 and os.environ.get("CI") != "true":
     pytestmark = pytest.mark.skip(reason="the lab transfer test needs root (namespaces, FRR)")
@@ -84,20 +95,30 @@ def _ip(address: str):
 
 def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
     lab.wait_for(lambda: _conversation_at(lab, X), 40, "site 3's summaries at e1")
+    assert "for _ in range(2)" in LOAD_LOOP  # the loop took the place of the one prompt
     loaders = [
         lab.handle.start(
             "e3",
-            f"load-{addr}",
+            f"load-{addr}-{i}",
             [
-                *(sys.executable, "-c", RANDOM_PROMPT, f"http://{addr}:8100", str(LOAD_BLOCKS)),
+                *(sys.executable, "-c", LOAD_LOOP, f"http://{addr}:8100", str(LOAD_BLOCKS)),
                 str(flows.instances_token_file(lab)),
             ],
         )
         for addr in (X, X_MATE)
+        for i in (1, 2)
     ]
-    # both site 3 instances say (through BGP) that they are busy for seconds
+    try:
+        _pulled_while_site_3_is_busy(lab)
+    finally:
+        for proc in loaders:
+            lab.handle.stop(proc)
+
+
+def _pulled_while_site_3_is_busy(lab: runner.Lab) -> None:
+    # both site 3 instances say (through BGP) that they are busy, and stay so
     half = LOAD_BLOCKS * BLOCK_TOKENS / 2
-    lab.wait_for(lambda: _busy(lab, X, half) and _busy(lab, X_MATE, half), 10, "load at e1")
+    lab.wait_for(lambda: _busy(lab, X, half) and _busy(lab, X_MATE, half), 30, "load at e1")
     bpf = f"host {X} and tcp port 7470"
     with (
         flows.Capture(lab, "c3-e3", bpf, node="c3") as on_path,
@@ -139,9 +160,7 @@ def test_compute_at_an_idle_site_with_the_prefix_pulled_from_a_busy_one(lab):
     assert any(f"{X}.7470 > {y}." in line for line in seen), seen[:5]
     assert off_path.packets() == []
     # Y's next advertisement, through BGP, lists the pulled blocks
-    lab.wait_for(lambda: _conversation_at(lab, y), 15, "Y's advertisement of the pulled blocks")
-    for proc in loaders:
-        lab.handle.stop(proc)
+    lab.wait_for(lambda: _conversation_at(lab, y), 30, "Y's advertisement of the pulled blocks")
     print(
         f"\nY {y} pulled 24 blocks ({transfer['payload_bytes']} B) from {X} in "
         f"{1000 * transfer['seconds']:.1f} ms; client TTFT {proxied['ttft_ms']} ms "
