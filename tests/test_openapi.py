@@ -1103,6 +1103,9 @@ def test_ingress_matches_the_document(
     s, name = servers, "ingress"
     url, open_url = s.ingress.url, s.ingress_open.url
     full_headers = {
+        "x-catsproto-instance",
+        "x-catsproto-site",
+        "x-catsproto-decision-ms",
         "x-catsproto-expected-cached-blocks",
         "x-catsproto-estimated-ttft-ms",
         "x-catsproto-evicted-blocks",
