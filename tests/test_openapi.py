@@ -355,13 +355,15 @@ def chunked_post(path: str) -> bytes:
 
 
 @contextlib.contextmanager
-def one_slot_taken(url: str) -> Iterator[None]:
-    """A connection that sends nothing, holding a server's only handler slot: every
-    other connection meanwhile gets the busy 503 (`adapters/http.py`)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5):
-        time.sleep(0.05)  # accepted: its handler thread holds the slot
+def one_slot_taken(server: Any) -> Iterator[None]:
+    """A server's only handler slot taken, as a connection being served holds it (one
+    that has sent no complete request head would be evicted for the newcomer,
+    `adapters/http.py`): every other connection meanwhile gets the busy 503."""
+    server.httpd._slots.acquire()
+    try:
         yield
+    finally:
+        server.httpd._slots.release()
 
 
 def one_slot(server: Any) -> Any:
@@ -744,7 +746,7 @@ def check_busy(contract: Contract, server: str, busy: Any) -> None:
     """Every operation of `server`, sent to `busy` (one handler slot) while a silent
     connection holds that slot: each is the documented 503."""
     try:
-        with one_slot_taken(busy.url):
+        with one_slot_taken(busy):
             for path, method, op in operations(contract.doc):
                 if server in op["tags"]:
                     contract.check(server, method, path, busy_exchange(busy.url, method, path))
