@@ -97,6 +97,7 @@ LAB_MODULES = frozenset(
         "test_demo",
         "test_demo_capture",
         "test_dissector",
+        "test_attack_spool_root",
         "test_dissector_expert",
         "test_engine_events",
         "test_engine_lab",

@@ -88,9 +88,11 @@ class NodeServer(BackgroundHTTPServer):
 
     def state(self) -> dict[str, Any]:
         assert self.node is not None
+        # the engine's state first: a restart it counts is already forgotten by the node
+        engine = self.scraper.state() if self.scraper is not None else None
         return {
             "node": self.node.state(),
-            "engine": self.scraper.state() if self.scraper is not None else None,
+            "engine": engine,
             "engine_health": (
                 self.engine_health.state() if self.engine_health is not None else None
             ),

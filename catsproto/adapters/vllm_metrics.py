@@ -288,13 +288,16 @@ class EngineScraper:
         with self._lock:
             new_process = restarted(self._seen, m)
             self._seen = m
-            if new_process:
-                self.restarts += 1
         try:
             return self._take(m)
         finally:
-            if new_process and self.on_restart is not None:
-                self.on_restart(m)
+            if new_process:
+                # counted once the node has forgotten the old process's blocks: a state
+                # read between the two never shows the restart with those blocks
+                if self.on_restart is not None:
+                    self.on_restart(m)
+                with self._lock:
+                    self.restarts += 1
 
     def _take(self, m: EngineMetrics) -> bool:
         with self._lock:

@@ -263,7 +263,9 @@ def _start_bird(lab: Lab, node: str) -> None:
 
 def _start_exabgp(lab: Lab, node: str) -> None:
     d = lab.node_dir(node)
-    (d / "spool").mkdir(exist_ok=True)
+    spool = d / "spool"
+    spool.mkdir(mode=0o755, exist_ok=True)
+    spool.chmod(0o755)  # whatever the umask: the announcer refuses a folder others may write
     (d / "rib").mkdir(exist_ok=True)
     group_key = None
     if lab.sealed and lab.topology.nodes[node].receive:
@@ -380,7 +382,8 @@ def _build(lab: Lab, feed: bool, feed_interval: float, instance_args: tuple[str,
     handle.state.info["name"] = topology.name
     for name in [*topology.nodes, *host_nodes(topology)]:
         handle.add_node(name)
-        lab.node_dir(name).mkdir(exist_ok=True)
+        lab.node_dir(name).mkdir(mode=0o755, exist_ok=True)
+        lab.node_dir(name).chmod(0o755)  # the spool's parent, as the announcer checks it
     for link in topology.links:
         handle.add_link(
             (link.a.node, link.a.interface, str(link.a.address) if link.a.address else None),
