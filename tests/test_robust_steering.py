@@ -89,7 +89,11 @@ def test_a_broken_body_is_answered_and_counted(server, length, body, status, wor
     got, answer = _raw(server.url, _post(length), body)
     assert got == status and words in answer["error"]
     health = _health(server.url)
-    assert health["bad_requests"] == 1 and health["internal_errors"] == 0
+    # a Content-Length that is no byte count is refused by the server before the daemon
+    # reads anything (the connection closed: RFC 9112 section 6.3); the rest by the daemon
+    framing = not length.isdigit()
+    assert health["http"]["bad_framing"] == int(framing)
+    assert health["bad_requests"] == int(not framing) and health["internal_errors"] == 0
     assert post_json(server.url + "/decide", GOOD)[0] == 200  # and it serves on
 
 

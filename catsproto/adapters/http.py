@@ -84,8 +84,12 @@ class HTTPStats:
 
     def to_json(self) -> dict[str, int]:
         with self._lock:
-            # evicted and bad_framing join this once docs/openapi.yaml's HTTPStats has them
-            return {"busy_refused": self.busy_refused, "deadline_expired": self.deadline_expired}
+            return {
+                "busy_refused": self.busy_refused,
+                "deadline_expired": self.deadline_expired,
+                "evicted": self.evicted,
+                "bad_framing": self.bad_framing,
+            }
 
 
 def _plain_length(value: str) -> bool:
