@@ -668,7 +668,8 @@ BOOLEAN_KEYS = sorted(f.name for f in dataclasses.fields(Scenario) if f.type in 
 
 
 def test_every_boolean_key_is_checked():
-    assert len(BOOLEAN_KEYS) == 11 and "sharded" in BOOLEAN_KEYS and "price_evictions" in BOOLEAN_KEYS
+    assert len(BOOLEAN_KEYS) == 11
+    assert "sharded" in BOOLEAN_KEYS and "price_evictions" in BOOLEAN_KEYS
 
 
 @pytest.mark.parametrize("key", BOOLEAN_KEYS)
