@@ -191,6 +191,8 @@ class NodeAgent:
                             "engine_restarts",
                             "bad_payloads",
                             "bad_replay_frames",
+                            "foreign_rank_batches",
+                            "replays_cut_short",
                             "failed_recoveries",
                             "last_error",
                         )
