@@ -264,7 +264,7 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
         url = line["listening"]
         status, _ = post(url, {"prompt_token_ids": list(range(64))})
         assert status == 200
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # the events reach the node soon; a busy machine is slow
         while time.monotonic() < deadline:
             state = json.loads(get(url, "/state"))
             if state["node"]["blocks"]["hbm"] == 4 and out.exists() and out.read_text():
