@@ -270,7 +270,7 @@ def test_cli_serve_runs_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[
             if state["node"]["blocks"]["hbm"] == 4 and out.exists() and out.read_text():
                 break
             time.sleep(0.05)
-        assert state["node"]["blocks"]["hbm"] == 4
+        assert state["node"]["blocks"]["hbm"] == 4, state["node"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         rows = [json.loads(x) for x in out.read_text().splitlines()]

@@ -767,7 +767,9 @@ class VllmEventPublisher:
         self._seq = 0
         self._lock = threading.Lock()
         self.bytes_published = 0
-        self._pub = self._ctx.socket(zmq.PUB)
+        # XPUB: a PUB on the wire (vLLM's subscribers see no difference) that also hears
+        # subscriptions arrive, so a caller can wait for its node (`wait_subscribed`)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._router: zmq.Socket | None = None
         self.replay_endpoint: str | None = None
         self._running = True
@@ -793,6 +795,17 @@ class VllmEventPublisher:
         if self._router is not None:
             self._thread = threading.Thread(target=self._serve_replay, daemon=True)
             self._thread.start()
+
+    def wait_subscribed(self, timeout_ms: int) -> bool:
+        """Wait up to `timeout_ms` for a subscriber's subscription to reach this publisher;
+        False if none came. A batch published before a subscriber's subscription arrives
+        is lost to it (ZMQ's slow joiner) and, the last batch of a quiet engine, never
+        shows as a gap: a process that starts its own node waits here before it serves."""
+        with self._lock:
+            if not self._pub.poll(timeout_ms, zmq.POLLIN):
+                return False
+            self._pub.recv()  # the subscription frame (one byte 1, then the topic)
+            return True
 
     def publish(self, ts: float, events: Sequence[Any], *, lose: bool = False) -> int:
         """Send one batch; returns its sequence number."""

@@ -51,6 +51,7 @@ DEFAULT_TIERS = ["hbm:2048:5:1600000", "dram:16384:30:400000"]
 DEFAULT_MAX_PROMPT_TOKENS = 1 << 20  # the modelled engine's own default (adapters.instance)
 DEFAULT_BLOCK_SIZE = 16  # without an engine to ask (instance serve; node without --engine-url)
 VLLM_EVENTS_ENDPOINT = "tcp://*:5557"  # vLLM's KVEventsConfig.endpoint default
+SUBSCRIBE_WAIT_MS = 10_000  # instance serve: how long its node may take to subscribe
 NODE_PORT = 8101  # instance serve's HTTP API is 8100
 
 VLLM_SIDE_EXAMPLE = """\
@@ -317,6 +318,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_routes=on_routes,
                 hits=engine.hits,
             ).start()
+            # its node hears the first request's events only once subscribed
+            engine.publisher.wait_subscribed(SUBSCRIBE_WAIT_MS)
         try:
             server = InstanceServer(engine, node, args.host, port, api_token=token).start()
         except OSError as exc:
