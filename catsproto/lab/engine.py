@@ -170,6 +170,20 @@ class EngineSpec:
         return env
 
 
+def end_group(popen: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the process group `popen` leads, wait up to `timeout` s, then SIGKILL what
+    is left of the group (children it started included)."""
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(5)
+
+
 def log_tail(path: Path | str, lines: int = 15) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -236,17 +250,9 @@ class LocalEngine:
             raise
 
     def close(self, timeout: float = 10.0) -> None:
-        """SIGTERM the engine's process group, then SIGKILL what is left."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        # the engine core and worker are children in the same group: end them too
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
+        """SIGTERM the engine's process group, then SIGKILL what is left (the engine
+        core and worker are children in the same group: they end too)."""
+        end_group(self.popen, timeout)
 
     def __enter__(self) -> LocalEngine:
         return self

@@ -379,17 +379,9 @@ class LocalPeer:
 
     def close(self, timeout: float = 10.0) -> None:
         """SIGTERM the peer's process group, then SIGKILL what is left."""
-        import signal
+        from catsproto.lab.engine import end_group
 
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
+        end_group(self.popen, timeout)
 
     def __enter__(self) -> LocalPeer:
         return self
