@@ -24,7 +24,6 @@ import yaml
 from catsproto import wire
 from catsproto.adapters import netns
 from catsproto.lab import deploy, runner, steering
-from catsproto.lab.deploy import wait_for
 from catsproto.lab.instances import (
     demo_prefix_keys,
     instance_routes,
@@ -32,6 +31,7 @@ from catsproto.lab.instances import (
     lab_key,
     write_lab_trust,
 )
+from catsproto.lab.runner import wait_for
 from catsproto.lab.topology import Topology
 
 pytestmark = pytest.mark.lab

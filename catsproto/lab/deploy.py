@@ -581,18 +581,6 @@ class ContainerLab:
         return out
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """`predicate()` once it is true; a LabError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise LabError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
-
-
 def netns_names(lab: str, prefix: str = "clab") -> list[str]:
     """Names of network namespaces in /var/run/netns that belong to `lab`'s containers."""
     if not NETNS_DIR.is_dir():

@@ -57,6 +57,24 @@ def exabgp_binary() -> str:
     return str(local) if local.exists() else "exabgp"
 
 
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 20.0,
+    what: str = "condition",
+    interval: float = 0.02,
+) -> Any:
+    """`predicate()` once it is true (polled every `interval` s); past `timeout` s a
+    LabError naming `what` and the last result seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:g}s waiting for {what}; last: {result!r}")
+        time.sleep(interval)
+
+
 class Lab:
     """A running lab: its topology, its netns handle and where each node keeps its files."""
 
@@ -159,14 +177,7 @@ class Lab:
     def wait_for(
         self, predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
     ) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise LabError(f"timed out after {timeout:g}s waiting for {what}")
-            time.sleep(0.02)
+        return wait_for(predicate, timeout, what)
 
     def down(self) -> None:
         self.handle.teardown()
