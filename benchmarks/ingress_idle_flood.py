@@ -23,34 +23,17 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-from catsproto.adapters.ingress import IngressService, ModelSpec, load_models
+from ingress_refusal import service  # the same ingress, beside this script
+
 from catsproto.adapters.ingress_http import IngressServer
-from catsproto.adapters.steering import SteeringConfig
-from catsproto.lab.engine import MODEL_DIR
 
-MODEL = "catsproto-tiny"
 TOKEN = "a-token-for-the-idle-flood-benchmark"
 
 
 def ingress(rib: Path) -> IngressServer:
-    engine = SimpleNamespace(served_model_name=MODEL, block_size=32, port=1)
-    config = SteeringConfig(
-        ingress="e1",
-        rib_file=str(rib),
-        links=(),
-        sites={1: "e1"},
-        next_hops={},
-        secret=b"catsproto-idle-flood-benchmark-1",
-        secret_id=1,
-        model_id=engine.served_model_name,
-        block_size=engine.block_size,
-        instance_port=engine.port,
-    )
-    models = load_models([ModelSpec(MODEL, 100, MODEL_DIR)], config, install_routes=False)
-    service = IngressService(models)
-    return IngressServer(service, api_token=TOKEN.encode(), install_routes=False).start()
+    """The ingress of `ingress_refusal.service` (the lab's tiny model, no engine), served."""
+    return IngressServer(service(rib), api_token=TOKEN.encode(), install_routes=False).start()
 
 
 def timed_get(address: tuple[str, int], path: str, token: str | None = None) -> tuple[int, float]:
